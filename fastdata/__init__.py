@@ -1,0 +1,38 @@
+"""fastdata: make PyTorch training GPU-bound instead of input-bound.
+
+Public verbs are imported lazily, so `import fastdata` stays cheap and an
+optional backend that is missing (DALI, torchvision) never breaks it.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "AugmentConfig": "fastdata.data.augment",
+    "Batch": "fastdata.data.batch",
+    "BuildConfig": "fastdata.cache.build",
+    "dataloader": "fastdata.data.tune",
+    "loader": "fastdata.data.loader",
+    "Cache": "fastdata.data.reader",
+    "CacheDataset": "fastdata.data.dataset",
+    "FastdataError": "fastdata.errors",
+    "build_cache": "fastdata.cache.build",
+    "load_manifest": "fastdata.cache.format",
+    "merge_caches": "fastdata.cache.merge",
+    "open_cache": "fastdata.data.reader",
+    "stage_cache": "fastdata.cache.stage",
+    "verify_cache": "fastdata.cache.verify",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'fastdata' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

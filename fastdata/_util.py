@@ -1,0 +1,72 @@
+"""Small shared helpers: atomic writes, usable CPUs, byte-size parsing, hashing."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+from .errors import FastdataError
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """'256MB' -> 256_000_000, '1GiB' -> 2**30. Ints pass through."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise FastdataError(f"cannot read size {text!r}: use a number with an optional unit, e.g. 256MB or 1GiB")
+    unit = (m.group(2) or "").upper().rstrip("B")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (affinity/cgroup aware), not the host's total."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename inside it survives a power cut."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_replace(tmp: Path, final: Path) -> None:
+    """fsync tmp, rename it over final, fsync the folder: readers see old or new, never half."""
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    atomic_replace(tmp, path)
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover

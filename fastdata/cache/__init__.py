@@ -1,0 +1,1 @@
+"""Write side: turn source files into checksummed shards plus a manifest."""

@@ -1,0 +1,127 @@
+"""Decode one input file, normalise it to 8-bit RGB, resize, and encode it for a shard.
+
+Runs in build worker processes, so it imports nothing heavy (no torch).
+Odd inputs are normalised rather than rejected: EXIF rotation is applied,
+CMYK/grayscale/palette become RGB, 16-bit is scaled to 8-bit, and alpha is
+composited onto white. Only undecodable files (truncated, empty, not an
+image) raise SampleError.
+
+Resize policies (``size`` = S):
+  fixed  short side to S, then the centred S x S crop (default; fixed shapes
+         let readers view a batch as one array)
+  short  short side to S, aspect kept (variable shapes)
+  max    longer side to at most S, aspect kept, never upscaled
+  none   stored at decoded size
+"""
+from __future__ import annotations
+
+import io
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from ..errors import SampleError
+
+RESIZE_MODES = ("fixed", "short", "max", "none")
+ENCODINGS = ("raw", "jpeg", "bytes")
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    encode: str = "raw"      # raw | jpeg | bytes
+    size: int = 256
+    resize: str = "fixed"    # see module docstring
+    quality: int = 90        # JPEG quality for encode=jpeg
+    draft: bool = True       # let libjpeg decode at reduced scale when the target is much smaller
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        arr = np.asarray(img, dtype=np.int64)
+        peak = 65535 if arr.max(initial=0) > 255 else 255
+        arr = np.clip(arr * 255 // peak, 0, 255).astype(np.uint8)
+        return Image.fromarray(arr, "L").convert("RGB")
+    if img.mode == "F":
+        arr = np.asarray(img, dtype=np.float32)
+        return Image.fromarray(np.clip(arr * 255.0, 0, 255).astype(np.uint8), "L").convert("RGB")
+    if img.mode == "P":
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+        img = img.convert("RGBA")
+        background = Image.new("RGBA", img.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, img).convert("RGB")
+    return img if img.mode == "RGB" else img.convert("RGB")
+
+
+def _target(w: int, h: int, cfg: CodecConfig) -> tuple[tuple[int, int], tuple[float, float, float, float]]:
+    """Output (w, h) and source box for one resize call (crop and resize in one pass)."""
+    s = cfg.size
+    box = (0.0, 0.0, float(w), float(h))
+    if cfg.resize == "fixed":
+        m = min(w, h)
+        box = ((w - m) / 2, (h - m) / 2, (w + m) / 2, (h + m) / 2)
+        return (s, s), box
+    if cfg.resize == "short":
+        k = s / min(w, h)
+    elif cfg.resize == "max":
+        k = min(1.0, s / max(w, h))
+    else:
+        k = 1.0
+    return (max(1, round(w * k)), max(1, round(h * k))), box
+
+
+def decode(data: bytes, cfg: CodecConfig) -> Image.Image:
+    """bytes -> resized RGB PIL image. Raises SampleError with the reason."""
+    if not data:
+        raise SampleError("empty file (0 bytes)")
+    try:
+        img = Image.open(io.BytesIO(data))
+        if cfg.draft and img.format == "JPEG" and cfg.resize != "none":
+            img.draft("RGB", (cfg.size, cfg.size))
+        img = ImageOps.exif_transpose(img)
+        img.load()
+        img = _to_rgb(img)
+        size, box = _target(img.width, img.height, cfg)
+        if size != img.size or box != (0, 0, img.width, img.height):
+            img = img.resize(size, Image.BILINEAR, box=box)
+        return img
+    except SampleError:
+        raise
+    except UnidentifiedImageError:
+        raise SampleError("not an image PIL can read") from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, EOFError) as e:
+        raise SampleError(f"cannot decode: {e}") from None
+
+
+def encode(data: bytes, cfg: CodecConfig) -> tuple[bytes, tuple[int, int, int]]:
+    """One input file's bytes -> (payload, decoded HWC shape)."""
+    if cfg.encode == "bytes":
+        return data, (0, 0, 0)
+    img = decode(data, cfg)
+    shape = (img.height, img.width, 3)
+    if cfg.encode == "raw":
+        return img.tobytes(), shape
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=cfg.quality)
+    return buf.getvalue(), shape
+
+
+def process_file(path: str, cfg: CodecConfig) -> tuple[bytes, tuple[int, int, int], int] | str:
+    """Worker entry: returns (payload, shape, crc32) or a reason string for quarantine."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        payload, shape = encode(data, cfg)
+        return payload, shape, zlib.crc32(payload)
+    except SampleError as e:
+        return str(e)
+    except OSError as e:
+        return f"cannot read: {e.strerror or e}"
+
+
+def decode_jpeg_rgb(payload: bytes | memoryview | np.ndarray) -> np.ndarray:
+    """Decode a JPEG payload from a kind=jpeg cache to uint8 HWC (reader side, CPU)."""
+    img = Image.open(io.BytesIO(bytes(payload)))
+    return np.asarray(img.convert("RGB"))

@@ -1,0 +1,93 @@
+"""Stage a cache into tmpfs (/dev/shm) for reading, with capacity checks and fallback.
+
+tmpfs pages are RAM charged to the writer's memory cgroup, so free space on
+the mount is not enough: a container with an 8 GB limit can "fit" 100 GB in
+/dev/shm and then be OOM-killed. Both limits are checked, with headroom.
+If either is short, staging is skipped with a warning and the original path
+is returned, so a job never fails because staging could not happen.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from .._util import human_bytes
+from ..errors import FastdataError
+from .format import MANIFEST, load_manifest
+
+log = logging.getLogger("fastdata.stage")
+MARKER = ".staged-from"
+HEADROOM = 0.9
+
+
+def cgroup_memory_room() -> int | None:
+    """Bytes the memory cgroup can still take (v2 or v1), or None without a limit."""
+    for limit_f, usage_f in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                             ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                              "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = Path(limit_f).read_text().strip()
+            usage = int(Path(usage_f).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= 1 << 60:
+            return None
+        return max(0, int(limit) - usage)
+    return None
+
+
+def _is_tmpfs(path: Path) -> bool:
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    best, fstype = "", ""
+    p = str(path.resolve())
+    for line in mounts:
+        parts = line.split()
+        if len(parts) > 2 and (p == parts[1] or p.startswith(parts[1].rstrip("/") + "/")) and len(parts[1]) > len(best):
+            best, fstype = parts[1], parts[2]
+    return fstype == "tmpfs"
+
+
+def stage_cache(cache: str | Path, target: str | Path) -> Path:
+    """Copy cache to target (e.g. /dev/shm/name) and return the path to read from."""
+    cache, target = Path(cache), Path(target)
+    m = load_manifest(cache)
+    if (target / MANIFEST).exists() and (target / MARKER).exists():
+        if load_manifest(target).shards == m.shards:
+            return target
+    need = sum(s.bytes for s in m.shards)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(target.parent).free
+    room = cgroup_memory_room() if _is_tmpfs(target.parent) else None
+    short = []
+    if need > free * HEADROOM:
+        short.append(f"{target.parent} has {human_bytes(free)} free")
+    if room is not None and need > room * HEADROOM:
+        short.append(f"the memory cgroup has {human_bytes(room)} left")
+    if short:
+        log.warning("not staging %s (%s) to %s: %s; reading from %s instead",
+                    cache, human_bytes(need), target, " and ".join(short), cache)
+        return cache
+    tmp = target.with_name(target.name + ".staging")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for s in m.shards:
+        shutil.copyfile(cache / s.name, tmp / s.name)
+    shutil.copyfile(cache / MANIFEST, tmp / MANIFEST)
+    (tmp / MARKER).write_text(str(cache.resolve()))
+    if target.exists():
+        unstage(target)
+    tmp.rename(target)
+    log.info("staged %s (%s) to %s", cache, human_bytes(need), target)
+    return target
+
+
+def unstage(target: str | Path) -> None:
+    """Remove a staged copy; refuses folders that fastdata did not stage."""
+    target = Path(target)
+    if not (target / MARKER).exists():
+        raise FastdataError(f"{target} was not staged by fastdata (no {MARKER}); not deleting it")
+    shutil.rmtree(target)

@@ -1,0 +1,150 @@
+"""`fastdata build-cache | verify | info | stage | merge | train | doctor | bench | demo`.
+
+Every FastdataError becomes one line on stderr and exit code 2; argparse's
+own usage errors also exit 2. Tracebacks are for bugs only.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .errors import FastdataError
+
+log = logging.getLogger("fastdata")
+
+
+def _part(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--part {text!r}: give i/n, e.g. 0/4 (0-based)") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"--part {text!r}: need 0 <= i < n")
+    return i, n
+
+
+def _add_build(sub) -> None:
+    p = sub.add_parser("build-cache", help="decode/resize SRC once into shards in DEST")
+    p.add_argument("src", help="image folder (class sub-folders), file list (.csv/.txt: path,label), or any folder")
+    p.add_argument("dest", help="cache folder to write (resumes if a build there was interrupted)")
+    p.add_argument("--format", default="h5", choices=("h5", "pt"))
+    p.add_argument("--encode", default="raw", choices=("raw", "jpeg", "bytes"))
+    p.add_argument("--size", type=int, default=256, help="target pixels (see --resize)")
+    p.add_argument("--resize", default="fixed", choices=("fixed", "short", "max", "none"),
+                   help="fixed: short side to SIZE then centre SIZExSIZE crop; short/max keep aspect")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality for --encode jpeg")
+    p.add_argument("--shard-size", default="256MB")
+    p.add_argument("--workers", type=int, default=None, help="decode processes (default: usable CPUs)")
+    p.add_argument("--on-error", default="quarantine", choices=("quarantine", "raise"))
+    p.add_argument("--part", type=_part, default=None, help="build slice i/n of the inputs (job arrays)")
+    p.add_argument("--stage", default=None, help="after building, copy to this tmpfs folder (e.g. /dev/shm/x)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _cmd_build(a) -> int:
+    from .cache.build import BuildConfig, build_cache
+
+    cfg = BuildConfig(a.src, a.dest, a.format, a.encode, a.size, a.resize, a.quality, a.shard_size,
+                      a.workers, a.on_error, a.part, not a.no_progress)
+    result = build_cache(cfg)
+    print(result.summary())
+    for q in result.manifest.quarantined[:20]:
+        print(f"  quarantined {q['path']}: {q['reason']}")
+    if a.stage:
+        from .cache.stage import stage_cache
+
+        print(f"read from: {stage_cache(a.dest, a.stage)}")
+    return 0
+
+
+def _cmd_verify(a) -> int:
+    from .cache.verify import verify_cache
+
+    report = verify_cache(a.cache)
+    print(report.text())
+    return 0 if report.ok else 1
+
+
+def _cmd_info(a) -> int:
+    from ._util import human_bytes
+    from .cache.format import load_manifest
+
+    m = load_manifest(a.cache)
+    total = sum(s.bytes for s in m.shards)
+    print(f"{a.cache}: format v{m.format_version}, {m.kind} in {m.shard_format} shards")
+    print(f"  samples {m.num_samples}, shards {len(m.shards)}, {human_bytes(total)}, "
+          f"shape {tuple(m.sample_shape) if m.sample_shape else 'variable'}, classes {len(m.label_map)}")
+    print(f"  build: size={m.build.get('size')} resize={m.build.get('resize')} encode={m.build.get('encode')}")
+    print(f"  quarantined {len(m.quarantined)}")
+    for q in m.quarantined:
+        print(f"    {q['path']}: {q['reason']}")
+    return 0
+
+
+def _cmd_stage(a) -> int:
+    from .cache.stage import stage_cache, unstage
+
+    if a.remove:
+        unstage(a.target)
+        print(f"removed {a.target}")
+    else:
+        print(stage_cache(a.cache, a.target))
+    return 0
+
+
+def _cmd_merge(a) -> int:
+    from .cache.merge import merge_caches
+
+    m = merge_caches(a.out, a.parts)
+    print(f"{a.out}: {m.num_samples} samples in {len(m.shards)} shards from {len(a.parts)} parts")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fastdata", description="Make PyTorch training GPU-bound.")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    _add_build(sub)
+    p = sub.add_parser("verify", help="check every shard checksum; name damaged shards and samples")
+    p.add_argument("cache")
+    p = sub.add_parser("info", help="print the manifest summary")
+    p.add_argument("cache")
+    p = sub.add_parser("stage", help="copy a cache to tmpfs (or --remove a staged copy)")
+    p.add_argument("cache", nargs="?")
+    p.add_argument("target")
+    p.add_argument("--remove", action="store_true")
+    p = sub.add_parser("merge", help="join caches built with --part into OUT")
+    p.add_argument("out")
+    p.add_argument("parts", nargs="+")
+    from . import cli_more
+
+    cli_more.add_commands(sub)
+    return ap
+
+
+COMMANDS = {"build-cache": _cmd_build, "verify": _cmd_verify, "info": _cmd_info, "stage": _cmd_stage,
+            "merge": _cmd_merge}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, format="%(name)s: %(message)s")
+    if a.cmd == "stage" and not a.remove and not a.cache:
+        ap.error("stage needs CACHE TARGET (or TARGET --remove)")
+    from . import cli_more
+
+    fn = COMMANDS.get(a.cmd) or cli_more.COMMANDS[a.cmd]
+    try:
+        return fn(a)
+    except FastdataError as e:
+        print(f"fastdata {a.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"fastdata {a.cmd}: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

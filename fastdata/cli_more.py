@@ -1,0 +1,11 @@
+"""CLI commands for the read side, engine and tools: demo, bench, train, doctor, monitor."""
+from __future__ import annotations
+
+COMMANDS: dict = {}
+
+
+def add_commands(sub) -> None:
+    """Register the commands whose code lives outside the write side."""
+    from . import demo
+
+    demo.add_cli(sub, COMMANDS)

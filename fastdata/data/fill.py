@@ -1,0 +1,47 @@
+"""Reader-thread work: gather one batch of samples from mapped shards into a (pinned) slot.
+
+Raw caches: contiguous runs of sorted indices within a shard become one
+index_select into the slot (torch releases the GIL, so reader threads run in
+parallel). JPEG caches: each sample is decoded with PIL, which also releases
+the GIL while decoding.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..cache.codecs import decode_jpeg_rgb
+from ..errors import CacheFormatError
+from .reader import Cache
+
+
+def _groups(cache: Cache, idx: np.ndarray):
+    """(shard, local indices, batch positions) for each shard the sorted batch touches."""
+    shard_ids = np.searchsorted(cache.starts, idx, side="right") - 1
+    bounds = np.flatnonzero(np.diff(shard_ids)) + 1
+    for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(idx)]])):
+        s = int(shard_ids[lo])
+        yield s, idx[lo:hi] - cache.starts[s], lo, hi
+
+
+def fill_batch(cache: Cache, idx: np.ndarray, slot: dict) -> None:
+    """Write samples idx (sorted global indices) into slot['images'][:n], labels into slot['labels']."""
+    copied = slot.get("copied")
+    if copied is not None:
+        copied.synchronize()  # host wait, in this reader thread: the previous copy out of the slot is done
+    images, labels = slot["images"], slot["labels"]
+    shape = cache.sample_shape
+    for s, local, lo, hi in _groups(cache, idx):
+        shard = cache.shard(s)
+        cache.check_unchanged([s])
+        labels[lo:hi] = torch.from_numpy(shard.labels[local])
+        if cache.manifest.kind == "raw":
+            view = shard.block(0, len(shard), shape)
+            torch.index_select(view, 0, torch.from_numpy(local), out=images[lo:hi])
+        else:
+            for pos, j in zip(range(lo, hi), local):
+                arr = decode_jpeg_rgb(shard.sample(int(j)).numpy())
+                if arr.shape != tuple(shape):
+                    raise CacheFormatError(f"{shard.path}: sample {int(j)} decodes to {arr.shape}, "
+                                           f"manifest says {tuple(shape)}; rebuild the cache")
+                images[pos].numpy()[...] = arr

@@ -1,0 +1,85 @@
+"""Sample order: shard-aware, rank-aware, deterministic per (seed, epoch), resumable.
+
+Shuffling every sample uniformly makes each batch touch every shard; instead
+shards are visited in a random order and samples are shuffled within a window
+of consecutive shards' samples. The epoch order is then cut into one
+contiguous span per rank (locality per rank, disjoint, equal length: the
+last ``N mod world`` samples of each epoch's order are left out, and which
+ones rotates with the epoch). The order is a pure function of its inputs, so
+state is just (epoch, position) and resume is exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import LoaderError
+
+
+@dataclass(frozen=True)
+class OrderConfig:
+    shuffle: bool = True
+    seed: int = 0
+    window: int = 16384      # samples shuffled together (spans several shards)
+    rank: int = 0
+    world_size: int = 1
+
+
+def epoch_order(shard_counts: list[int], epoch: int, cfg: OrderConfig) -> np.ndarray:
+    """Global sample indices this rank visits in this epoch."""
+    starts = np.concatenate([[0], np.cumsum(shard_counts)]).astype(np.int64)
+    total = int(starts[-1])
+    if cfg.world_size > total:
+        raise LoaderError(f"{cfg.world_size} ranks but only {total} samples: ranks past {total - 1} would get no data")
+    if cfg.shuffle:
+        rng = np.random.default_rng([cfg.seed, epoch])
+        shard_ids = rng.permutation(len(shard_counts))
+        order = np.concatenate([np.arange(starts[s], starts[s + 1]) for s in shard_ids]) if total else \
+            np.zeros(0, np.int64)
+        for lo in range(0, total, cfg.window):
+            seg = order[lo:lo + cfg.window]
+            order[lo:lo + cfg.window] = seg[rng.permutation(len(seg))]
+    else:
+        order = np.arange(total, dtype=np.int64)
+    per_rank = total // cfg.world_size
+    return order[cfg.rank * per_rank:(cfg.rank + 1) * per_rank]
+
+
+class SampleOrder:
+    """Iterates batches of indices; state_dict() counts what was handed out, not what was prefetched."""
+
+    def __init__(self, shard_counts: list[int], batch_size: int, cfg: OrderConfig, drop_last: bool = False):
+        if batch_size < 1:
+            raise LoaderError(f"batch_size={batch_size}: give a positive batch size")
+        if not 0 <= cfg.rank < cfg.world_size:
+            raise LoaderError(f"rank {cfg.rank} is outside world_size {cfg.world_size}")
+        self.shard_counts, self.batch_size, self.cfg, self.drop_last = list(shard_counts), batch_size, cfg, drop_last
+        self.epoch, self.position = 0, 0
+
+    def batches_per_epoch(self) -> int:
+        n = sum(self.shard_counts) // self.cfg.world_size
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def epoch_batches(self) -> list[np.ndarray]:
+        """Batches still to come in the current epoch, starting at the saved position."""
+        order = epoch_order(self.shard_counts, self.epoch, self.cfg)
+        end = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
+        return [order[i:i + self.batch_size] for i in range(self.position, end, self.batch_size)]
+
+    def advance(self, n: int) -> None:
+        self.position += n
+
+    def next_epoch(self) -> None:
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.cfg.seed,
+                "world_size": self.cfg.world_size, "rank": self.cfg.rank}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in ("seed", "world_size", "rank"):
+            if state.get(k) != getattr(self.cfg, k):
+                raise LoaderError(f"loader state was saved with {k}={state.get(k)} but this loader has "
+                                  f"{k}={getattr(self.cfg, k)}; resume with the same settings")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

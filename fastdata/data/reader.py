@@ -1,0 +1,162 @@
+"""open_cache(path): memory-mapped, per-process access to a finished cache.
+
+Both shard containers expose ``data`` as a flat uint8 tensor backed by the
+page cache: .pt through ``torch.load(mmap=True)``, .h5 by memory-mapping the
+contiguous dataset at its file offset (h5py is used only to read the small
+arrays and that offset, then closed). No h5py handle outlives open, so the
+Cache is safe to fork or pickle into DataLoader workers; mapped shards are
+dropped on pickling and re-mapped lazily in the worker.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..cache.format import Manifest, ShardInfo, load_manifest
+from ..errors import CacheFormatError
+
+_DAMAGED = "run `fastdata verify {cache}` to see which shards are damaged, then rebuild them"
+
+
+@dataclass
+class Shard:
+    """One opened shard: flat data plus the small per-sample arrays."""
+
+    path: Path
+    data: torch.Tensor        # uint8 [B], memory-mapped
+    offsets: np.ndarray       # int64 [n+1]
+    labels: np.ndarray        # int64 [n]
+    shapes: np.ndarray        # int32 [n, 3]
+    crc32: np.ndarray         # uint32 [n]
+    keys: list[str]
+    stat: tuple[int, int, int] = (0, 0, 0)   # (size, inode, mtime_ns) when opened
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def sample(self, j: int) -> torch.Tensor:
+        return self.data[int(self.offsets[j]):int(self.offsets[j + 1])]
+
+    def block(self, lo: int, hi: int, shape: tuple[int, int, int]) -> torch.Tensor:
+        """Fixed-shape samples lo..hi as a zero-copy (n, H, W, C) view."""
+        return self.data[int(self.offsets[lo]):int(self.offsets[hi])].view(hi - lo, *shape)
+
+
+def _open_h5(path: Path) -> Shard:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        ds = f["data"]
+        arrays = {k: f[k][()] for k in ("offsets", "labels", "shapes", "crc32")}
+        keys = [k.decode() if isinstance(k, bytes) else str(k) for k in f["keys"][()]]
+        offset, n = ds.id.get_offset(), ds.shape[0]
+        if n and offset is None:  # chunked or compressed: not written by fastdata, read it whole
+            data = torch.from_numpy(ds[()])
+        else:
+            data = torch.from_numpy(np.memmap(path, np.uint8, "c", offset or 0, (n,))) if n else \
+                torch.empty(0, dtype=torch.uint8)
+    return Shard(path, data, keys=keys, **arrays)
+
+
+def _open_pt(path: Path) -> Shard:
+    obj = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+    return Shard(path, obj["data"], obj["offsets"].numpy(), obj["labels"].numpy(), obj["shapes"].numpy(),
+                 obj["crc32"].numpy(), list(obj["keys"]))
+
+
+def open_shard(path: Path, info: ShardInfo | None = None, cache: Path | None = None) -> Shard:
+    """Open one shard; a truncated or foreign file gives a CacheFormatError naming it."""
+    fix = _DAMAGED.format(cache=cache or path.parent)
+    if not path.is_file():
+        raise CacheFormatError(f"{path}: shard listed in the manifest is missing; {fix}")
+    if info is not None and path.stat().st_size != info.bytes:
+        raise CacheFormatError(f"{path}: size {path.stat().st_size} B differs from the manifest's {info.bytes} B "
+                               f"(truncated or rewritten); {fix}")
+    try:
+        shard = _open_h5(path) if path.suffix == ".h5" else _open_pt(path)
+    except (OSError, RuntimeError, KeyError, ValueError, EOFError) as e:
+        raise CacheFormatError(f"{path}: cannot open shard ({type(e).__name__}: {e}); {fix}") from e
+    st = path.stat()
+    shard.stat = (st.st_size, st.st_ino, st.st_mtime_ns)
+    if len(shard.offsets) != len(shard) + 1 or (len(shard) and int(shard.offsets[-1]) != shard.data.numel()):
+        raise CacheFormatError(f"{path}: offsets do not match data size; {fix}")
+    return shard
+
+
+class Cache:
+    """A finished cache: manifest plus lazily mapped shards. Index with a global sample number."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.manifest: Manifest = load_manifest(self.path)
+        counts = [s.count for s in self.manifest.shards]
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._shards: dict[int, Shard] = {}
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_shards": {}}
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.manifest.shards)
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int] | None:
+        return self.manifest.sample_shape
+
+    def shard(self, i: int) -> Shard:
+        if self._pid != os.getpid():  # forked: mappings are fine, but keep handles per process
+            self._shards, self._pid = {}, os.getpid()
+        if i not in self._shards:
+            info = self.manifest.shards[i]
+            self._shards[i] = open_shard(self.path / info.name, info, self.path)
+        return self._shards[i]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} out of range for a cache of {len(self)} samples")
+        s = bisect.bisect_right(self.starts, index) - 1
+        return s, index - int(self.starts[s])
+
+    def raw(self, index: int) -> tuple[torch.Tensor, int]:
+        """The stored bytes of one sample (pixels, JPEG or file bytes) and its label."""
+        s, j = self.locate(index)
+        shard = self.shard(s)
+        return shard.sample(j), int(shard.labels[j])
+
+    def labels(self) -> np.ndarray:
+        return np.concatenate([self.shard(i).labels for i in range(self.num_shards)]) if self.num_shards else \
+            np.zeros(0, np.int64)
+
+    def check_unchanged(self, shard_ids=None) -> None:
+        """Raise if a mapped shard was replaced or resized on disk (a cache rebuilt under a reader).
+
+        Reading a memory-mapped file that shrank kills the process with SIGBUS, so
+        loaders call this before touching a shard rather than finding out that way.
+        """
+        for i in (self._shards if shard_ids is None else shard_ids):
+            shard = self._shards.get(int(i))
+            if shard is None:
+                continue
+            try:
+                st = shard.path.stat()
+                now = (st.st_size, st.st_ino, st.st_mtime_ns)
+            except OSError:
+                now = (-1, -1, -1)
+            if now != shard.stat:
+                raise CacheFormatError(f"{shard.path}: changed on disk while being read (size {shard.stat[0]} -> "
+                                       f"{now[0]} B); do not rebuild or move a cache that a job is reading")
+
+
+def open_cache(path: str | Path) -> Cache:
+    """Open a cache folder written by `fastdata build-cache`."""
+    return Cache(path)

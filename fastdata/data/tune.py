@@ -1,0 +1,103 @@
+"""fastdata.dataloader(): a torch DataLoader with defaults that fit the machine, and autotune.
+
+Defaults: workers = usable CPUs (affinity/cgroup aware) minus one for the
+training process, pin_memory when CUDA is present, persistent workers and a
+prefetch factor of 4. autotune=True times a few (workers, prefetch) settings
+for a bounded time each on the real dataset and keeps the fastest; the
+choice and all measurements are in ``loader.tuning``.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import asdict, dataclass, replace
+
+import torch
+from torch.utils.data import DataLoader
+
+from .._util import usable_cpus
+from ..errors import LoaderError
+
+log = logging.getLogger("fastdata.tune")
+
+
+@dataclass(frozen=True)
+class DataLoaderConfig:
+    batch_size: int
+    shuffle: bool = True
+    workers: int | None = None        # None: usable CPUs - 1
+    pin_memory: bool | None = None    # None: when CUDA is available
+    prefetch_factor: int = 4
+    persistent_workers: bool = True
+    drop_last: bool = False
+    seed: int = 0
+
+    def resolved(self) -> "DataLoaderConfig":
+        workers = max(0, usable_cpus() - 1) if self.workers is None else self.workers
+        pin = torch.cuda.is_available() if self.pin_memory is None else self.pin_memory
+        return replace(self, workers=workers, pin_memory=pin)
+
+
+def _build(dataset, cfg: DataLoaderConfig, collate_fn=None) -> DataLoader:
+    w = cfg.workers
+    gen = torch.Generator()
+    gen.manual_seed(cfg.seed)
+    return DataLoader(dataset, cfg.batch_size, shuffle=cfg.shuffle, num_workers=w, pin_memory=cfg.pin_memory,
+                      drop_last=cfg.drop_last, generator=gen, collate_fn=collate_fn,
+                      prefetch_factor=cfg.prefetch_factor if w else None,
+                      persistent_workers=cfg.persistent_workers and w > 0)
+
+
+def measure(dl, seconds: float, warmup_batches: int = 2) -> float:
+    """Samples per second drawn from dl for about `seconds`, after warm-up batches."""
+    it = iter(dl)
+    n, t0 = 0, None
+    for k, batch in enumerate(it):
+        if k == warmup_batches:
+            t0 = time.perf_counter()
+        elif k > warmup_batches:
+            n += len(batch[1])
+            if time.perf_counter() - t0 >= seconds:
+                break
+    if t0 is None or n == 0:
+        return 0.0
+    return n / (time.perf_counter() - t0)
+
+
+def _candidates(base: DataLoaderConfig) -> list[DataLoaderConfig]:
+    cpus = usable_cpus()
+    workers = sorted({max(1, cpus // 2), max(1, cpus - 1), cpus, 2 * cpus})
+    return [replace(base, workers=w, prefetch_factor=p) for w, p in itertools.product(workers, (2, 4, 8))]
+
+
+def autotune(dataset, base: DataLoaderConfig, seconds: float = 2.0, collate_fn=None):
+    """Try each candidate for `seconds`; return (best config, [(config dict, img/s)])."""
+    results = []
+    for cand in _candidates(base.resolved()):
+        dl = _build(dataset, replace(cand, persistent_workers=False), collate_fn)
+        rate = measure(dl, seconds)
+        results.append((asdict(cand), rate))
+        log.info("autotune: workers=%d prefetch=%d -> %.0f img/s", cand.workers, cand.prefetch_factor, rate)
+        del dl
+    best = max(results, key=lambda r: r[1])
+    return DataLoaderConfig(**best[0]), results
+
+
+def dataloader(dataset, batch_size: int, *, autotune_seconds: float | None = None, collate_fn=None,
+               **options) -> DataLoader:
+    """A torch DataLoader tuned for this machine. autotune_seconds=T measures settings for ~T s each.
+
+    options: see DataLoaderConfig (shuffle, workers, pin_memory, prefetch_factor, ...).
+    """
+    cfg = DataLoaderConfig(batch_size, **options)
+    if cfg.batch_size < 1 or (cfg.workers is not None and cfg.workers < 0) or cfg.prefetch_factor < 1:
+        raise LoaderError(f"dataloader({cfg}): batch_size and prefetch_factor must be >= 1, workers >= 0")
+    tuning = None
+    if autotune_seconds:
+        cfg, results = autotune(dataset, cfg, autotune_seconds, collate_fn)
+        tuning = {"chosen": asdict(cfg), "measured": results}
+        log.info("autotune chose workers=%d prefetch=%d", cfg.workers, cfg.prefetch_factor)
+    dl = _build(dataset, cfg.resolved(), collate_fn)
+    dl.tuning = tuning
+    return dl

@@ -1,0 +1,47 @@
+"""Shared fixtures: a small photo-like ImageFolder from skimage/sklearn photos, and caches of it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastdata.cache.build import BuildConfig, build_cache
+from fastdata.sample import base_photos, make_image_folder
+
+
+@pytest.fixture(scope="session")
+def photos() -> dict[str, np.ndarray]:
+    return base_photos()
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory):
+    """10 classes x 12 JPEGs of ~500x375, from real photos."""
+    return make_image_folder(tmp_path_factory.mktemp("src") / "images", per_class=12, workers=2)
+
+
+def build(src, dest, **kw):
+    kw.setdefault("progress", False)
+    kw.setdefault("size", 64)
+    kw.setdefault("shard_size", "1MB")
+    return build_cache(BuildConfig(str(src), str(dest), **kw))
+
+
+@pytest.fixture(scope="session")
+def raw_cache(image_folder, tmp_path_factory):
+    dest = tmp_path_factory.mktemp("raw") / "cache"
+    build(image_folder, dest, workers=2)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def pt_cache(image_folder, tmp_path_factory):
+    dest = tmp_path_factory.mktemp("pt") / "cache"
+    build(image_folder, dest, format="pt", workers=2)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def jpeg_cache(image_folder, tmp_path_factory):
+    dest = tmp_path_factory.mktemp("jpeg") / "cache"
+    build(image_folder, dest, encode="jpeg", quality=95, shard_size="200KB", workers=2)
+    return dest

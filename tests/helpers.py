@@ -1,0 +1,29 @@
+"""One shared check for every resumable stage: save mid-epoch, restore into a fresh one, compare."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def epoch_indices(loader) -> list[np.ndarray]:
+    return [b.indices.numpy().copy() for b in loader]
+
+
+def check_resume(make_loader, stop_after: int) -> None:
+    """make_loader() -> fresh loader. After a stop at batch `stop_after` and a restore, the rest of the
+    epoch equals the uninterrupted run's rest, and the two parts together cover the epoch once."""
+    full = epoch_indices(make_loader())
+    first = make_loader()
+    seen = []
+    for k, b in enumerate(first):
+        seen.append(b.indices.numpy().copy())
+        if k + 1 == stop_after:
+            break
+    state = first.state_dict()
+    second = make_loader()
+    second.load_state_dict(state)
+    rest = epoch_indices(second)
+    assert [a.tolist() for a in seen + rest] == [a.tolist() for a in full]
+    joined = np.concatenate(seen + rest)
+    assert len(np.unique(joined)) == len(joined), "a sample was yielded twice"
+    cov = second.coverage()
+    assert cov["repeated"] == 0 and cov["seen"] == len(joined)

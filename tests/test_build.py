@@ -1,0 +1,246 @@
+"""Write side: round trip, resume after kill -9, corrupt inputs, checksums, locking, parts, staging."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fastdata.cache.build import BuildConfig, build_cache
+from fastdata.cache.codecs import CodecConfig, decode
+from fastdata.cache.format import FORMAT_VERSION, load_manifest
+from fastdata.cache.journal import BuildLock
+from fastdata.cache.merge import merge_caches
+from fastdata.cache.stage import stage_cache, unstage
+from fastdata.cache.verify import verify_cache
+from fastdata.data.dataset import CacheDataset
+from fastdata.errors import BuildError, CacheFormatError
+from fastdata.sample import make_corrupt_zoo
+
+from conftest import build
+
+
+def _direct(path: Path, size: int) -> np.ndarray:
+    return np.asarray(decode(path.read_bytes(), CodecConfig(size=size)))
+
+
+@pytest.mark.parametrize("cache_name", ["raw_cache", "pt_cache"])
+def test_round_trip_equals_direct_decode(cache_name, request, image_folder):
+    cache = request.getfixturevalue(cache_name)
+    m = load_manifest(cache)
+    ds = CacheDataset(cache)
+    files = sorted(p for p in image_folder.rglob("*.jpg"))
+    assert m.num_samples == len(files) == len(ds)
+    assert m.format_version == FORMAT_VERSION and m.sample_shape == (64, 64, 3)
+    assert list(m.label_map) == sorted(d.name for d in image_folder.iterdir())
+    for i in (0, 7, len(ds) - 1):
+        img, label = ds[i]
+        key = ds.cache.shard(ds.cache.locate(i)[0]).keys[ds.cache.locate(i)[1]]
+        assert np.array_equal(img.numpy(), _direct(image_folder / key, 64))
+        assert label == m.label_map[key.split("/")[0]]
+
+
+def test_jpeg_cache_decodes_close_to_raw(raw_cache, jpeg_cache):
+    raw, jpg = CacheDataset(raw_cache), CacheDataset(jpeg_cache)
+    assert load_manifest(jpeg_cache).kind == "jpeg" and len(load_manifest(jpeg_cache).shards) > 1
+    for i in (0, 50, len(raw) - 1):
+        a, b = raw[i][0].float(), jpg[i][0].float()
+        assert a.shape == b.shape and (a - b).abs().mean() < 4.0  # quality-95 re-encode
+        assert raw[i][1] == jpg[i][1]
+
+
+def test_both_formats_hold_identical_samples(raw_cache, pt_cache):
+    a, b = CacheDataset(raw_cache), CacheDataset(pt_cache)
+    for i in range(0, len(a), 17):
+        assert np.array_equal(a[i][0].numpy(), b[i][0].numpy()) and a[i][1] == b[i][1]
+
+
+def test_rebuild_same_dest_is_a_no_op_and_other_settings_are_refused(image_folder, tmp_path):
+    dest = tmp_path / "c"
+    first = build(image_folder, dest, workers=0)
+    again = build(image_folder, dest, workers=0)
+    assert again.written == 0 and again.manifest == first.manifest
+    with pytest.raises(BuildError, match="other settings"):
+        build(image_folder, dest, size=32)
+
+
+def _shard_hashes(dest: Path) -> dict[str, str]:
+    m = load_manifest(dest)
+    return {s.name: s.sha256 for s in m.shards}
+
+
+def kill_build_at_random_point(cmd, dest: Path, rng) -> bool:
+    """Start the build, wait for its first committed shard, kill -9 its whole process group a random
+    moment later. True if the build was left unfinished."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    journal = dest / ".build" / "journal.json"
+    deadline = time.time() + 60
+    while not journal.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(float(rng.uniform(0.0, 0.3)))
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the build and its workers, mid-write
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    return not (dest / "manifest.json").exists()
+
+
+def test_resume_after_kill_is_byte_identical(image_folder, tmp_path):
+    clean = tmp_path / "clean"
+    build(image_folder, clean, workers=2, shard_size="60KB", size=96)
+    dest = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "fastdata.cli", "build-cache", str(image_folder), str(dest), "--size", "96",
+           "--shard-size", "60KB", "--workers", "2", "--no-progress"]
+    rng = np.random.default_rng(1)
+    interrupted = 0
+    for _ in range(3):
+        interrupted += kill_build_at_random_point(cmd, dest, rng)
+    assert interrupted >= 1, "no kill landed mid-build: the test did not test resume"
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert _shard_hashes(dest) == _shard_hashes(clean)
+    assert load_manifest(dest).to_json()["shards"] == load_manifest(clean).to_json()["shards"]
+    assert not list(dest.glob("*.tmp"))
+
+
+def test_corrupt_zoo_is_quarantined_and_good_files_kept(photos, tmp_path):
+    src = tmp_path / "src"
+    expect = make_corrupt_zoo(src, photos["chelsea"])
+    good = Image.fromarray(photos["coffee"])
+    (src / "good").mkdir()
+    for i in range(3):
+        good.save(src / "good" / f"g{i}.jpg", quality=90)
+    result = build(src, tmp_path / "c", workers=2)
+    m = result.manifest
+    bad = {q["path"] for q in m.quarantined}
+    assert bad == {k for k, v in expect.items() if v == "bad"}
+    assert all(q["reason"] for q in m.quarantined)
+    ds = CacheDataset(tmp_path / "c")
+    keys = {ds.cache.shard(s).keys[j] for s in range(ds.cache.num_shards) for j in range(len(ds.cache.shard(s)))}
+    assert keys == {k for k, v in expect.items() if v == "ok"} | {f"good/g{i}.jpg" for i in range(3)}
+    # EXIF orientation 6 applied: a landscape photo becomes portrait before the centre crop
+    rot = decode((src / "zoo/exif_rotated.jpg").read_bytes(), CodecConfig(size=64, resize="short"))
+    assert rot.height > rot.width
+    gray16 = np.asarray(decode((src / "zoo/gray16.png").read_bytes(), CodecConfig(size=64)))
+    assert 20 < gray16.mean() < 235  # scaled from 16 bit, not clipped to white
+
+
+def test_on_error_raise_names_the_file_and_keeps_finished_shards(photos, tmp_path):
+    src = tmp_path / "src"
+    make_corrupt_zoo(src, photos["chelsea"])
+    with pytest.raises(BuildError, match=r"bmp.bmp|cmyk|truncated.jpg|zero.jpg|text.jpg|random.png|header_only"):
+        build(src, tmp_path / "c", on_error="raise", workers=0)
+    assert not (tmp_path / "c" / "manifest.json").exists()
+
+
+def test_verify_names_damaged_shard_and_sample(image_folder, tmp_path):
+    dest = tmp_path / "c"
+    build(image_folder, dest, workers=0)
+    assert verify_cache(dest).ok
+    m = load_manifest(dest)
+    target = dest / m.shards[1].name
+    from fastdata.data.reader import open_shard
+
+    shard = open_shard(target)
+    # flip one byte inside sample 3's pixels, located through the h5 data offset
+    import h5py
+
+    with h5py.File(target, "r") as f:
+        base = f["data"].id.get_offset()
+    pos = base + int(shard.offsets[3]) + 5
+    raw = bytearray(target.read_bytes())
+    raw[pos] ^= 0xFF
+    target.write_bytes(bytes(raw))
+    report = verify_cache(dest)
+    assert not report.ok and list(report.damaged) == [m.shards[1].name]
+    assert [i for i, _ in report.samples[m.shards[1].name]] == [m.shards[0].count + 3]
+    assert m.shards[1].name in report.text()
+
+
+def test_truncated_shard_and_newer_manifest_give_clear_errors(image_folder, tmp_path):
+    dest = tmp_path / "c"
+    build(image_folder, dest, workers=0)
+    m = load_manifest(dest)
+    p = dest / m.shards[0].name
+    p.write_bytes(p.read_bytes()[:1000])
+    ds = CacheDataset(dest)
+    with pytest.raises(CacheFormatError, match=m.shards[0].name):
+        ds[0]
+    d = json.loads((dest / "manifest.json").read_text())
+    d["format_version"] = FORMAT_VERSION + 1
+    (dest / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(CacheFormatError, match="newer than this fastdata"):
+        load_manifest(dest)
+
+
+def test_concurrent_build_is_refused(image_folder, tmp_path):
+    dest = tmp_path / "c"
+    dest.mkdir()
+    code = f"from fastdata.cache.journal import BuildLock\nimport pathlib,time\n" \
+           f"with BuildLock(pathlib.Path({str(dest)!r})):\n    print('held', flush=True); time.sleep(30)\n"
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(BuildError, match="another build is writing here"):
+            build(image_folder, dest, workers=0)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert build(image_folder, dest, workers=0).manifest.num_samples > 0  # lock freed by the kernel
+
+
+def test_parts_merge_to_the_full_build(image_folder, tmp_path):
+    parts = [build(image_folder, tmp_path / f"p{i}", part=(i, 3), workers=0) for i in range(3)]
+    assert sum(p.manifest.num_samples for p in parts) == 120
+    merged = merge_caches(tmp_path / "all", [tmp_path / f"p{i}" for i in range(3)])
+    build(image_folder, tmp_path / "full", workers=0)
+    full = CacheDataset(tmp_path / "full")
+    got = CacheDataset(tmp_path / "all")
+    assert merged.num_samples == len(full) == len(got)
+    assert all(np.array_equal(full[i][0].numpy(), got[i][0].numpy()) for i in range(0, 120, 11))
+
+
+def test_stage_copies_and_falls_back(raw_cache, tmp_path, monkeypatch, caplog):
+    target = tmp_path / "shm" / "c"
+    assert stage_cache(raw_cache, target) == target
+    assert verify_cache(target).ok
+    unstage(target)
+    assert not target.exists()
+    import fastdata.cache.stage as stage
+
+    monkeypatch.setattr(stage.shutil, "disk_usage", lambda p: type("U", (), {"free": 10})())
+    assert stage_cache(raw_cache, target) == raw_cache
+    assert "not staging" in caplog.text
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["build-cache", "/nonexistent/src", "/tmp/x"], "does not exist"),
+    (["verify", "/nonexistent/cache"], "no manifest.json"),
+    (["info", "/tmp"], "not a finished fastdata cache"),
+])
+def test_cli_bad_input_exits_2_with_message(argv, needle, capsys):
+    from fastdata.cli import main
+
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_cli_unknown_format_exits_2():
+    r = subprocess.run([sys.executable, "-m", "fastdata.cli", "build-cache", "a", "b", "--format", "zip"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "invalid choice" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unwritable_dest(image_folder, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(BuildError, match="is a file"):
+        build(image_folder, f)

@@ -1,0 +1,179 @@
+"""Read side: every loader against a plain reference, determinism, rank split, resume, CPU device."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import fastdata
+from fastdata.data.augment import AugmentConfig, augment_batch
+from fastdata.data.dataset import CacheDataset
+from fastdata.errors import CacheFormatError, LoaderError
+
+from helpers import check_resume, epoch_indices
+
+
+def _reference(cache) -> dict[int, tuple[np.ndarray, int]]:
+    ds = CacheDataset(cache)
+    return {i: (ds[i][0].numpy(), ds[i][1]) for i in range(len(ds))}
+
+
+@pytest.mark.parametrize("cache_name", ["raw_cache", "pt_cache", "jpeg_cache"])
+def test_loader_matches_reference_pixels_and_samples(cache_name, request):
+    cache = request.getfixturevalue(cache_name)
+    ref = _reference(cache)
+    got = {}
+    for b in fastdata.loader(cache, 16, device="cpu", seed=3):
+        for img, lab, idx in zip(b.images, b.labels, b.indices.tolist()):
+            assert idx not in got
+            got[idx] = (img.numpy(), int(lab))
+        assert b.images.dtype == torch.uint8 and b.labels.dtype == torch.int64
+    assert sorted(got) == sorted(ref)
+    for i in ref:
+        assert got[i][1] == ref[i][1] and np.array_equal(got[i][0], ref[i][0])
+
+
+def test_order_is_deterministic_per_seed_and_changes_per_epoch(raw_cache):
+    a = epoch_indices(fastdata.loader(raw_cache, 10, device="cpu", seed=1))
+    b = epoch_indices(fastdata.loader(raw_cache, 10, device="cpu", seed=1))
+    c = epoch_indices(fastdata.loader(raw_cache, 10, device="cpu", seed=2))
+    assert [x.tolist() for x in a] == [x.tolist() for x in b]
+    assert [x.tolist() for x in a] != [x.tolist() for x in c]
+    dl = fastdata.loader(raw_cache, 10, device="cpu", seed=1)
+    e0, e1 = epoch_indices(dl), epoch_indices(dl)
+    assert [x.tolist() for x in e0] != [x.tolist() for x in e1]
+    assert sorted(np.concatenate(e0)) == sorted(np.concatenate(e1)) == list(range(120))
+
+
+def test_shuffle_is_shard_aware_and_off_means_sequential(raw_cache):
+    seq = np.concatenate(epoch_indices(fastdata.loader(raw_cache, 7, device="cpu", shuffle=False)))
+    assert seq.tolist() == list(range(120))
+    dl = fastdata.loader(raw_cache, 8, device="cpu", window=24)
+    starts = dl.cache.starts
+    for b in dl:  # with a window of 24 samples (~2 shards of 12), a batch spans few shards
+        shards = np.unique(np.searchsorted(starts, b.indices.numpy(), side="right"))
+        assert len(shards) <= 3
+
+
+@pytest.mark.parametrize("world", [2, 3, 7])
+def test_rank_split_disjoint_complete_equal(raw_cache, world):
+    per_rank = [np.concatenate(epoch_indices(fastdata.loader(raw_cache, 8, device="cpu", seed=5, rank=r,
+                                                            world_size=world))) for r in range(world)]
+    lens = {len(p) for p in per_rank}
+    assert lens == {120 // world}
+    batches = {len(fastdata.loader(raw_cache, 8, device="cpu", rank=r, world_size=world)) for r in range(world)}
+    assert len(batches) == 1
+    joined = np.concatenate(per_rank)
+    assert len(np.unique(joined)) == len(joined) == 120 - 120 % world
+
+
+def test_too_many_ranks_is_a_clear_error(raw_cache):
+    with pytest.raises(LoaderError, match="would get no data"):
+        list(fastdata.loader(raw_cache, 8, device="cpu", rank=0, world_size=500))
+
+
+@pytest.mark.parametrize("stop_after", [1, 4, 14])
+def test_resume_mid_epoch_is_exact(raw_cache, stop_after):
+    check_resume(lambda: fastdata.loader(raw_cache, 8, device="cpu", seed=9), stop_after)
+
+
+def test_resume_in_second_epoch_and_drop_last(raw_cache):
+    def make():
+        dl = fastdata.loader(raw_cache, 16, device="cpu", seed=4, drop_last=True)
+        list(dl)  # finish epoch 0 so the resume lands in epoch 1
+        return dl
+    check_resume(make, 3)
+    assert all(len(b.indices) == 16 for b in fastdata.loader(raw_cache, 16, device="cpu", drop_last=True))
+
+
+def test_coverage_reports_missed_and_repeated(raw_cache):
+    dl = fastdata.loader(raw_cache, 16, device="cpu")
+    for k, _ in enumerate(dl):
+        if k == 2:
+            break
+    cov = dl.coverage()
+    assert cov == {"epoch": 0, "samples": 120, "seen": 48, "repeated": 0, "missed": 72}
+
+
+def test_augment_on_cpu_shapes_determinism_and_eval_center(raw_cache):
+    aug = AugmentConfig(size=32, dtype="bfloat16")
+    a = [b.images for b in fastdata.loader(raw_cache, 16, device="cpu", seed=1, augment=aug)]
+    b = [b.images for b in fastdata.loader(raw_cache, 16, device="cpu", seed=1, augment=aug)]
+    assert a[0].shape == (16, 3, 32, 32) and a[0].dtype == torch.bfloat16
+    assert a[0].is_contiguous(memory_format=torch.channels_last)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    # eval: centre crop of the full frame with crop_fraction 1 reproduces a plain resize
+    img = torch.arange(4 * 4 * 3, dtype=torch.uint8).view(1, 4, 4, 3)
+    cfg = AugmentConfig(size=4, train=False, crop_fraction=1.0, mean=(0, 0, 0), std=(1 / 255,) * 3)
+    out = augment_batch(img, cfg)
+    assert torch.allclose(out[0].permute(1, 2, 0), img[0].float(), atol=1e-3)
+
+
+def test_augment_flip_and_full_crop_match_reference():
+    img = torch.randint(0, 255, (2, 8, 8, 3), dtype=torch.uint8)
+    cfg = AugmentConfig(size=8, scale=(1.0, 1.0), ratio=(1.0, 1.0), mean=(0, 0, 0), std=(1 / 255,) * 3)
+    out = augment_batch(img, cfg, torch.Generator().manual_seed(0)).permute(0, 2, 3, 1)
+    for k in range(2):
+        same = torch.allclose(out[k], img[k].float(), atol=1e-3)
+        flipped = torch.allclose(out[k], img[k].flip(1).float(), atol=1e-3)
+        assert same or flipped
+
+
+def test_cache_dataset_in_plain_dataloader_with_workers(raw_cache):
+    ref = _reference(raw_cache)
+    dl = DataLoader(CacheDataset(raw_cache), batch_size=10, num_workers=2, shuffle=False)
+    k = 0
+    for images, labels in dl:
+        for img, lab in zip(images, labels):
+            assert np.array_equal(img.numpy(), ref[k][0]) and int(lab) == ref[k][1]
+            k += 1
+    assert k == 120
+
+
+def test_dataloader_factory_defaults_and_autotune(raw_cache):
+    dl = fastdata.dataloader(CacheDataset(raw_cache), 16)
+    assert dl.num_workers >= 1 and dl.pin_memory == torch.cuda.is_available() and dl.tuning is None
+    assert sum(len(y) for _, y in dl) == 120
+    tuned = fastdata.dataloader(CacheDataset(raw_cache), 8, autotune_seconds=0.2)
+    assert tuned.tuning["chosen"]["workers"] == tuned.num_workers
+    rates = [r for _, r in tuned.tuning["measured"]]
+    assert len(rates) >= 3 and max(rates) > 0
+    assert tuned.tuning["chosen"] == max(tuned.tuning["measured"], key=lambda r: r[1])[0]
+
+
+def test_loader_refuses_variable_shapes_and_bad_args(image_folder, tmp_path):
+    from conftest import build
+
+    build(image_folder, tmp_path / "v", resize="short", workers=0)
+    with pytest.raises(LoaderError, match="fixed-shape"):
+        fastdata.loader(tmp_path / "v", 8, device="cpu")
+    assert CacheDataset(tmp_path / "v")[0][0].shape[2] == 3
+    from fastdata.data.order import SampleOrder, OrderConfig
+
+    with pytest.raises(LoaderError, match="positive batch size"):
+        SampleOrder([10], 0, OrderConfig())
+
+
+def test_cache_replaced_under_running_loader_is_detected(image_folder, tmp_path):
+    from conftest import build
+
+    dest = tmp_path / "c"
+    build(image_folder, dest, workers=0)
+    dl = fastdata.loader(dest, 8, device="cpu", shuffle=False, prefetch=1, threads=1)
+    it = iter(dl)
+    next(it)
+    shard = dest / dl.cache.manifest.shards[0].name
+    data = shard.read_bytes()
+    shard.unlink()
+    shard.write_bytes(data)  # same bytes, new file: a rebuild in place
+    with pytest.raises(CacheFormatError, match="changed on disk"):
+        for _ in it:
+            pass
+
+
+def test_resume_state_from_other_settings_is_refused(raw_cache):
+    a = fastdata.loader(raw_cache, 8, device="cpu", seed=1)
+    b = fastdata.loader(raw_cache, 8, device="cpu", seed=2)
+    with pytest.raises(LoaderError, match="seed"):
+        b.load_state_dict(a.state_dict())
