@@ -1,17 +1,22 @@
 """build_cache(cfg): decode every input once, in parallel, into checksummed shards.
 
-Order is deterministic: items are sorted, decoded by a process pool with an
-ordered imap, and cut into shards by a rule that depends only on the items
-(fixed count for fixed-shape raw, else a byte bound). That is what makes
-resume exact: the journal says where to restart and the rest follows.
+The unit of work is a whole shard: shard k holds input items
+[k * per_shard, (k + 1) * per_shard) (minus quarantined ones), where
+per_shard depends only on the settings and the number of inputs. Each
+worker process decodes its shard's items, writes the shard atomically and
+returns its checksum, so pixels never cross a process boundary and the
+single parent only keeps the journal. Because a shard's content is a pure
+function of its items, shards can finish in any order, and a resume after
+kill -9 redoes exactly the shards the journal does not vouch for.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import multiprocessing as mp
 import time
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 
 from tqdm import tqdm
@@ -20,11 +25,13 @@ from .._util import human_bytes, parse_size, usable_cpus, write_json_atomic
 from ..errors import BuildError, FastdataError
 from .codecs import ENCODINGS, RESIZE_MODES, CodecConfig, process_file
 from .format import MANIFEST, SHARD_FORMATS, Manifest, load_manifest, shard_name
-from .journal import BUILD_DIR, BuildLock, Journal, clean_strays, fingerprint, load_journal
-from .sources import discover, partition
+from .journal import BuildLock, Journal, clean_strays, fingerprint, load_journal
+from .sources import Item, discover, partition
 from .writers import WRITERS
 
 log = logging.getLogger("fastdata.build")
+MIN_SHARDS = 64         # small data sets are still cut into enough shards to keep 64 workers busy
+JPEG_RATIO = 10         # bytes estimate for cutting JPEG shards: raw size / 10 at quality ~90
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,7 @@ class BuildConfig:
     resize: str = "fixed"          # fixed | short | max | none
     quality: int = 90
     shard_size: str | int = "256MB"
-    workers: int | None = None     # None: every usable CPU
+    workers: int | None = None     # None: every usable CPU; 0: in this process
     on_error: str = "quarantine"   # quarantine | raise
     part: tuple[int, int] | None = None
     progress: bool = True
@@ -63,7 +70,7 @@ class BuildConfig:
         return CodecConfig(self.encode, self.size, self.resize, self.quality)
 
     def identity(self) -> dict:
-        """The settings that determine the bytes of the cache (not workers/progress)."""
+        """The settings that determine the bytes of the cache (not workers/progress/paths)."""
         d = asdict(self)
         for k in ("dest", "workers", "progress", "src"):
             d.pop(k)
@@ -75,37 +82,94 @@ class BuildConfig:
 @dataclass(frozen=True)
 class BuildResult:
     manifest: Manifest
-    written: int          # samples decoded in this run (less than total after a resume)
+    written: int          # samples decoded in this run (fewer than total after a resume)
     seconds: float
-    resumed_from: int     # item index the run started at
+    resumed_shards: int   # shards already done when this run started
 
     def summary(self) -> str:
         m = self.manifest
         rate = self.written / self.seconds if self.seconds > 0 else 0.0
         total = sum(s.bytes for s in m.shards)
         q = f", {len(m.quarantined)} quarantined (see `fastdata info`)" if m.quarantined else ""
-        res = f" (resumed at item {self.resumed_from})" if self.resumed_from else ""
+        res = f" (resumed: {self.resumed_shards} shards were done)" if self.resumed_shards else ""
         return (f"{m.num_samples} samples in {len(m.shards)} shards, {human_bytes(total)}; "
                 f"{self.written} decoded in {self.seconds:.1f} s = {rate:.0f} img/s{res}{q}")
 
 
-def _samples_per_shard(cfg: BuildConfig) -> int | None:
-    """Fixed-shape raw shards hold an exact count; other kinds are cut by bytes."""
-    if cfg.encode == "raw" and cfg.resize == "fixed":
-        return max(1, parse_size(cfg.shard_size) // (cfg.size * cfg.size * 3))
-    return None
+def items_per_shard(cfg: BuildConfig, n_items: int) -> int:
+    """Inputs per shard: the byte bound divided by an estimate of the stored sample size,
+    capped so that even small data sets make MIN_SHARDS shards. Depends on settings and n only."""
+    if cfg.encode == "bytes":
+        per_item = 64 * 1024
+    else:
+        per_item = cfg.size * cfg.size * 3 // (JPEG_RATIO if cfg.encode == "jpeg" else 1)
+    by_bytes = max(1, parse_size(cfg.shard_size) // max(1, per_item))
+    return max(1, min(by_bytes, max(16, math.ceil(n_items / MIN_SHARDS))))
 
 
-def _results(cfg: BuildConfig, paths: list[str]):
-    """Ordered decode results; a pool over usable CPUs unless workers == 0."""
-    fn = partial(process_file, cfg=cfg.codec())
-    workers = usable_cpus() if cfg.workers is None else cfg.workers
-    if workers == 0 or len(paths) < 2:
-        yield from map(fn, paths)
+_progress = None  # per-worker shared counter, set by the pool initializer
+
+
+def _init_worker(counter) -> None:
+    global _progress
+    _progress = counter
+
+
+def build_shard(task) -> tuple[int, object, list[dict], str | None]:
+    """Worker: decode one shard's items and write it. Returns (index, ShardInfo|None, quarantined, error)."""
+    index, items, codec, fmt, dest, on_error = task
+    writer = WRITERS[fmt](Path(dest) / shard_name(index, fmt))
+    quarantined = []
+    for n, item in enumerate(items, 1):
+        res = process_file(item.path, codec)
+        if isinstance(res, str):
+            if on_error == "raise":
+                return index, None, [], f"{item.path}: {res}"
+            quarantined.append({"path": item.key, "reason": res})
+        else:
+            writer.add(res[0], item.label, res[1], res[2], item.key)
+        if _progress is not None and (n % 8 == 0 or n == len(items)):
+            with _progress.get_lock():
+                _progress.value += 8 if n % 8 == 0 else n % 8
+    return index, (writer.close() if writer.count else None), quarantined, None
+
+
+@contextlib.contextmanager
+def _shard_map(workers: int, counter):
+    """Unordered map over shard tasks: a process pool, or this process when workers == 0.
+
+    fork, not spawn/forkserver: those re-import __main__, which breaks stdin scripts, notebooks
+    and scripts without a main guard. Workers only run PIL/numpy/h5py on their own files.
+    """
+    if workers == 0:
+        _init_worker(counter)
+        yield lambda tasks: map(build_shard, tasks)
         return
-    # forkserver: workers never inherit the writer's open files or threads
-    with mp.get_context("forkserver").Pool(workers) as pool:
-        yield from pool.imap(fn, paths, chunksize=8)
+    with mp.get_context("fork").Pool(workers, _init_worker, (counter,)) as pool:
+        yield lambda tasks: pool.imap_unordered(build_shard, tasks)
+
+
+def _run(cfg: BuildConfig, dest: Path, items: tuple[Item, ...], journal: Journal) -> int:
+    """Build every shard the journal lacks; returns the number of samples written."""
+    per = items_per_shard(cfg, len(items))
+    todo = [k for k in range(math.ceil(len(items) / per)) if k not in journal.shards]
+    tasks = [(k, items[k * per:(k + 1) * per], cfg.codec(), cfg.format, str(dest), cfg.on_error) for k in todo]
+    workers = min(len(tasks), usable_cpus() if cfg.workers is None else cfg.workers)
+    counter = mp.get_context("fork").Value("q", 0)
+    done_before = len(items) - sum(len(t[1]) for t in tasks)
+    written = 0
+    with _shard_map(workers, counter) as shard_map, tqdm(
+            total=len(items), initial=done_before, unit="img", disable=not cfg.progress,
+            desc=f"build {dest.name}", dynamic_ncols=True, smoothing=0.05) as bar:
+        for index, info, quarantined, error in shard_map(tasks):
+            if error:
+                raise BuildError(f"{error}; fix or remove the file, or rerun with --on-error quarantine "
+                                 f"(finished shards are kept and the rerun resumes)")
+            journal.record(index, info, quarantined)
+            journal.save(dest)
+            written += info.count if info else 0
+            bar.update(done_before + counter.value - bar.n)
+    return written
 
 
 def _prepare_dest(cfg: BuildConfig) -> Path:
@@ -136,73 +200,26 @@ def build_cache(cfg: BuildConfig) -> BuildResult:
             if done.build.get("fingerprint") != fp:
                 raise BuildError(f"{dest} already holds a cache built with other settings or inputs; "
                                  f"choose another DEST or delete this one")
-            return BuildResult(done, 0, 0.0, len(items))
+            return BuildResult(done, 0, 0.0, len(done.shards))
         journal = load_journal(dest, fp)
-        clean_strays(dest, {s.name for s in journal.shards})
-        start = journal.next_item
+        clean_strays(dest, {s.name for s in journal.shards.values() if s is not None})
+        resumed = len(journal.shards)
         t0 = time.perf_counter()
-        _run(cfg, dest, items, journal, source.label_map)
+        written = _run(cfg, dest, items, journal)
         seconds = time.perf_counter() - t0
         manifest = _manifest(cfg, journal, source.label_map, identity, fp)
         write_json_atomic(dest / MANIFEST, manifest.to_json())
-        (dest / BUILD_DIR / "journal.json").unlink(missing_ok=True)
-    result = BuildResult(manifest, len(items) - start - _quarantined_since(journal, start), seconds, start)
+        journal.remove(dest)
+    result = BuildResult(manifest, written, seconds, resumed)
     log.info("build-cache: %s", result.summary())
     return result
 
 
-def _quarantined_since(journal: Journal, start: int) -> int:
-    return sum(1 for q in journal.quarantined if q["item"] >= start)
-
-
-def _run(cfg: BuildConfig, dest: Path, items, journal: Journal, label_map) -> None:
-    per_shard = _samples_per_shard(cfg)
-    max_bytes = parse_size(cfg.shard_size)
-    writer_cls = WRITERS[cfg.format]
-    todo = items[journal.next_item:]
-    pending_q: list[dict] = []
-    writer = None
-    bar = tqdm(total=len(items), initial=journal.next_item, unit="img", disable=not cfg.progress,
-               desc=f"build {dest.name}", dynamic_ncols=True, smoothing=0.05)
-    try:
-        base = journal.next_item
-        for offset, (item, res) in enumerate(zip(todo, _results(cfg, [it.path for it in todo]))):
-            cur = base + offset
-            bar.update(1)
-            if isinstance(res, str):
-                if cfg.on_error == "raise":
-                    raise BuildError(f"{item.path}: {res}; fix or remove the file, or rerun with --on-error quarantine "
-                                     f"(finished shards are kept and the rerun resumes)")
-                pending_q.append({"item": cur, "path": item.key, "reason": res})
-                continue
-            payload, shape, crc = res
-            if writer is not None and (writer.count == per_shard or
-                                       (per_shard is None and writer.nbytes + len(payload) > max_bytes)):
-                _flush(writer, journal, pending_q, cur, dest)
-                writer = None
-            if writer is None:
-                writer = writer_cls(dest / shard_name(len(journal.shards), cfg.format))
-            writer.add(payload, item.label, shape, crc, item.key)
-        if writer is not None or pending_q:
-            _flush(writer, journal, pending_q, len(items), dest)
-    finally:
-        bar.close()
-
-
-def _flush(writer, journal: Journal, pending_q: list[dict], next_item: int, dest: Path) -> None:
-    """Commit a finished shard and the quarantines before next_item to the journal."""
-    if writer is not None:
-        journal.shards.append(writer.close())
-    journal.quarantined.extend(pending_q)
-    pending_q.clear()
-    journal.next_item = next_item
-    journal.save(dest)
-
-
 def _manifest(cfg: BuildConfig, journal: Journal, label_map, identity: dict, fp: str) -> Manifest:
     shape = (cfg.size, cfg.size, 3) if cfg.encode != "bytes" and cfg.resize == "fixed" else None
-    return Manifest(
-        kind=cfg.encode, shard_format=cfg.format, num_samples=sum(s.count for s in journal.shards),
-        sample_shape=shape, label_map=label_map, shards=tuple(journal.shards),
-        quarantined=tuple({"path": q["path"], "reason": q["reason"]} for q in journal.quarantined),
-        build={**identity, "fingerprint": fp})
+    order = sorted(journal.shards)
+    shards = tuple(journal.shards[k] for k in order if journal.shards[k] is not None)
+    quarantined = tuple(q for k in order for q in journal.quarantined.get(k, ()))
+    return Manifest(kind=cfg.encode, shard_format=cfg.format, num_samples=sum(s.count for s in shards),
+                    sample_shape=shape, label_map=label_map, shards=shards, quarantined=quarantined,
+                    build={**identity, "fingerprint": fp})

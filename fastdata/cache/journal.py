@@ -1,11 +1,11 @@
 """Build lock and resume journal.
 
-The journal (DEST/.build/journal.json) is rewritten atomically after every
-finished shard. It records the build fingerprint, the shards done so far,
-the index of the next input item and the inputs quarantined before it. On
-resume, shards are re-checked against their recorded checksum; anything not
-in the journal (a *.tmp, a shard renamed just before a kill) is deleted and
-redone, so a resumed cache equals an uninterrupted one byte for byte.
+The journal (DEST/.build/journal.json) is rewritten atomically each time a
+shard finishes. It records the build fingerprint, each finished shard's
+ShardInfo (None when every input of the shard was quarantined) and the
+inputs quarantined per shard. On resume every recorded shard is re-checked
+against its checksum; shard files the journal does not vouch for (a *.tmp,
+or a shard renamed just before a kill) are deleted and rebuilt.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from ..errors import BuildError
 from .format import ShardInfo
 
 BUILD_DIR = ".build"
+JOURNAL = f"{BUILD_DIR}/journal.json"
 
 
 class BuildLock:
@@ -63,23 +64,27 @@ def fingerprint(config: dict, keys: list[str]) -> str:
 @dataclass
 class Journal:
     fingerprint: str
-    next_item: int = 0
-    shards: list[ShardInfo] = field(default_factory=list)
-    quarantined: list[dict] = field(default_factory=list)
+    shards: dict[int, ShardInfo | None] = field(default_factory=dict)
+    quarantined: dict[int, list[dict]] = field(default_factory=dict)
 
-    @property
-    def path_in(self) -> str:
-        return f"{BUILD_DIR}/journal.json"
+    def record(self, index: int, info: ShardInfo | None, quarantined: list[dict]) -> None:
+        self.shards[index] = info
+        if quarantined:
+            self.quarantined[index] = quarantined
 
     def save(self, dest: Path) -> None:
-        write_json_atomic(dest / self.path_in, {
-            "fingerprint": self.fingerprint, "next_item": self.next_item,
-            "shards": [s.__dict__ for s in self.shards], "quarantined": self.quarantined})
+        write_json_atomic(dest / JOURNAL, {
+            "fingerprint": self.fingerprint,
+            "shards": {str(k): (v.__dict__ if v else None) for k, v in self.shards.items()},
+            "quarantined": {str(k): v for k, v in self.quarantined.items()}})
+
+    def remove(self, dest: Path) -> None:
+        (dest / JOURNAL).unlink(missing_ok=True)
 
 
 def load_journal(dest: Path, fp: str) -> Journal:
-    """The valid resume state in DEST, or a fresh journal. Damaged tail shards are dropped."""
-    path = dest / BUILD_DIR / "journal.json"
+    """The valid resume state in DEST, or a fresh journal."""
+    path = dest / JOURNAL
     if not path.exists():
         return Journal(fp)
     try:
@@ -89,13 +94,13 @@ def load_journal(dest: Path, fp: str) -> Journal:
     if d.get("fingerprint") != fp:
         raise BuildError(f"{dest}: holds an unfinished build with other settings or inputs; "
                          f"rerun it with the same options, or delete {dest} to start over")
-    journal = Journal(fp, int(d["next_item"]), [ShardInfo(**s) for s in d["shards"]], list(d["quarantined"]))
-    for i, s in enumerate(journal.shards):
-        p = dest / s.name
-        if not p.exists() or p.stat().st_size != s.bytes or file_sha256(p) != s.sha256:
+    shards = {int(k): (ShardInfo(**v) if v else None) for k, v in d["shards"].items()}
+    for s in shards.values():
+        p = dest / s.name if s else None
+        if p is not None and (not p.exists() or p.stat().st_size != s.bytes or file_sha256(p) != s.sha256):
             raise BuildError(f"{p}: recorded as finished but missing or changed since; "
                              f"delete {dest} and build again")
-    return journal
+    return Journal(fp, shards, {int(k): v for k, v in d["quarantined"].items()})
 
 
 def clean_strays(dest: Path, keep: set[str]) -> None:

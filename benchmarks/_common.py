@@ -1,0 +1,55 @@
+"""Helpers shared by the benchmarks: machine description, tables, result files."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import resource
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def machine() -> dict:
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"host": platform.node(), "cpus": len(os.sched_getaffinity(0)), "gpu": gpu,
+            "torch": torch.__version__, "python": platform.python_version(),
+            "date": datetime.date.today().isoformat()}
+
+
+def tag() -> str:
+    m = machine()
+    kind = (m["gpu"] or f"cpu{m['cpus']}").replace(" ", "-").replace("NVIDIA-", "")
+    return f"{kind}-{m['date']}"
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process and its finished children, in MB."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return (own + kids) / 1024
+
+
+def table(rows: list[dict], cols: list[str]) -> str:
+    def fmt(v):
+        return f"{v:,.1f}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write(name: str, rows: list[dict], cols: list[str], notes: str = "", out_dir: Path | None = None) -> Path:
+    out_dir = out_dir or RESULTS
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{name}-{tag()}"
+    md = f"# {name} on {machine()}\n\n{table(rows, cols)}\n\n{notes}\n"
+    (out_dir / f"{stem}.md").write_text(md)
+    (out_dir / f"{stem}.json").write_text(json.dumps({"machine": machine(), "rows": rows, "notes": notes}, indent=1))
+    print(md)
+    return out_dir / f"{stem}.md"
