@@ -163,7 +163,8 @@ def test_cache_replaced_under_running_loader_is_detected(image_folder, tmp_path)
     dl = fastdata.loader(dest, 8, device="cpu", shuffle=False, prefetch=1, threads=1)
     it = iter(dl)
     next(it)
-    shard = dest / dl.cache.manifest.shards[0].name
+    dl.cache.shard(dl.cache.num_shards - 1)  # mapped now, read at the end of the epoch
+    shard = dest / dl.cache.manifest.shards[-1].name
     data = shard.read_bytes()
     shard.unlink()
     shard.write_bytes(data)  # same bytes, new file: a rebuild in place
