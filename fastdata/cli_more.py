@@ -7,5 +7,7 @@ COMMANDS: dict = {}
 def add_commands(sub) -> None:
     """Register the commands whose code lives outside the write side."""
     from . import demo
+    from .engine import cli as train_cli
 
     demo.add_cli(sub, COMMANDS)
+    train_cli.add_cli(sub, COMMANDS)

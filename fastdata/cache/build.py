@@ -85,9 +85,12 @@ class BuildResult:
     written: int          # samples decoded in this run (fewer than total after a resume)
     seconds: float
     resumed_shards: int   # shards already done when this run started
+    already_built: bool = False
 
     def summary(self) -> str:
         m = self.manifest
+        if self.already_built:
+            return f"{m.num_samples} samples in {len(m.shards)} shards: already built with these settings"
         rate = self.written / self.seconds if self.seconds > 0 else 0.0
         total = sum(s.bytes for s in m.shards)
         q = f", {len(m.quarantined)} quarantined (see `fastdata info`)" if m.quarantined else ""
@@ -200,7 +203,7 @@ def build_cache(cfg: BuildConfig) -> BuildResult:
             if done.build.get("fingerprint") != fp:
                 raise BuildError(f"{dest} already holds a cache built with other settings or inputs; "
                                  f"choose another DEST or delete this one")
-            return BuildResult(done, 0, 0.0, len(done.shards))
+            return BuildResult(done, 0, 0.0, len(done.shards), already_built=True)
         journal = load_journal(dest, fp)
         clean_strays(dest, {s.name for s in journal.shards.values() if s is not None})
         resumed = len(journal.shards)

@@ -89,3 +89,15 @@ def batch_generator(device: torch.device, seed: int, epoch: int, batch: int) -> 
     gen = torch.Generator(device=device)
     gen.manual_seed((seed * 1_000_003 + epoch) * 1_000_003 + batch)
     return gen
+
+
+def normalize(images: torch.Tensor, cfg: AugmentConfig, flip: torch.Tensor | None = None,
+              layout: str = "NHWC") -> torch.Tensor:
+    """uint8/float images already at the output size -> flipped (per-sample mask), normalised cfg.dtype."""
+    x = images.permute(0, 3, 1, 2) if layout == "NHWC" else images
+    x = x.float()
+    if flip is not None:
+        x = torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
+    scale, shift = _norm_constants(cfg.mean, cfg.std, images.device)
+    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    return torch.addcmul(shift, x, scale).to(dtype=getattr(torch, cfg.dtype), memory_format=fmt)

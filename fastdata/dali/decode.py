@@ -1,0 +1,140 @@
+"""DecodeLoader: JPEG decode on the GPU with nvJPEG (torchvision.io.decode_jpeg), or with PIL on CPU.
+
+The fallback for machines with a GPU but without DALI. Reader threads fetch
+encoded bytes (files or cache samples; PIL decoding also happens there, with
+the GIL released); nvJPEG decodes the whole batch in one call on the GPU;
+each image gets its own crop and an antialiased resize, then one flip and
+normalise for the batch. Same Batch contract, order, resume and coverage as
+fastdata.loader.
+"""
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from ..data.augment import AugmentConfig, normalize
+from ..data.batch import Batch, Coverage
+from ..data.order import OrderConfig, SampleOrder
+from ..errors import DependencyError, LoaderError
+from .crop import crop_box
+from .source import EncodedSource
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    batch_size: int
+    augment: AugmentConfig = AugmentConfig()
+    device: str = "cuda"
+    decoder: str = "nvjpeg"          # nvjpeg (GPU) | pil (CPU threads)
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+    threads: int = 8
+    prefetch: int = 4
+    rank: int = 0
+    world_size: int = 1
+
+
+def _pil_decode(data: np.ndarray, rng: np.random.Generator, cfg: AugmentConfig) -> np.ndarray:
+    img = Image.open(io.BytesIO(data.tobytes()))
+    img.draft("RGB", (cfg.size, cfg.size))
+    img = img.convert("RGB")
+    t, left, h, w = crop_box(img.height, img.width, cfg, rng)
+    return np.asarray(img.resize((cfg.size, cfg.size), Image.BILINEAR, box=(left, t, left + w, t + h)))
+
+
+class DecodeLoader:
+    def __init__(self, source: EncodedSource, cfg: DecodeConfig) -> None:
+        if cfg.decoder == "nvjpeg":
+            try:
+                import torchvision.io  # noqa: F401
+            except Exception as e:  # noqa: BLE001 - missing or broken beside this torch
+                raise DependencyError(f"backend nvjpeg needs torchvision with CUDA ({e}); pip install "
+                                      f"'fastdata[dali]' for DALI instead, or use backend cpu") from None
+            if not torch.cuda.is_available():
+                raise LoaderError("backend nvjpeg needs a CUDA GPU; use backend cpu here")
+        self.encoded, self.cfg = source, cfg
+        self.device = torch.device(cfg.device)
+        ocfg = OrderConfig(cfg.shuffle, cfg.seed, source.window, cfg.rank, cfg.world_size)
+        self.order = SampleOrder(source.shard_counts, cfg.batch_size, ocfg, cfg.drop_last)
+        self.coverage_audit = Coverage(len(source))
+        self.source = f"{cfg.decoder}-{source.kind}"   # names the backend in every Batch
+
+    def __len__(self) -> int:
+        return self.order.batches_per_epoch()
+
+    def state_dict(self) -> dict:
+        return {"order": self.order.state_dict(), "coverage": self.coverage_audit.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order.load_state_dict(state["order"])
+        self.coverage_audit.load_state_dict(state["coverage"])
+
+    def coverage(self) -> dict:
+        return self.coverage_audit.report()
+
+    def _rng(self, batch_no: int) -> np.random.Generator:
+        return np.random.default_rng([self.cfg.seed, self.order.epoch, batch_no])
+
+    def _read(self, idx: np.ndarray, batch_no: int):
+        """Reader thread: encoded bytes (nvjpeg) or decoded, cropped, resized pixels (pil)."""
+        rng = self._rng(batch_no)
+        encoded, labels = zip(*(self.encoded.get(i) for i in idx))
+        flips = rng.random(len(idx)) < 0.5 if self.cfg.augment.train and self.cfg.augment.flip else \
+            np.zeros(len(idx), bool)
+        if self.cfg.decoder == "pil":
+            pixels = np.stack([_pil_decode(e, rng, self.cfg.augment) for e in encoded])
+            return torch.from_numpy(pixels), torch.tensor(labels), torch.from_numpy(flips)
+        boxes = [None] * len(idx)  # decided after decode, when sizes are known
+        return list(encoded), torch.tensor(labels), torch.from_numpy(flips), rng, boxes
+
+    def _gpu_decode(self, encoded, rng, idx) -> torch.Tensor:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        try:
+            decoded = decode_jpeg([torch.from_numpy(e) for e in encoded], mode=ImageReadMode.RGB,
+                                  device=self.device)
+        except RuntimeError as e:
+            raise LoaderError(f"nvJPEG could not decode a sample of batch {idx[:4].tolist()}...: {e}; "
+                              f"run `fastdata build-cache` to quarantine bad files first") from e
+        size = self.cfg.augment.size
+        out = torch.empty(len(decoded), 3, size, size, device=self.device)
+        for k, img in enumerate(decoded):
+            t, left, h, w = crop_box(img.shape[1], img.shape[2], self.cfg.augment, rng)
+            crop = img[None, :, t:t + h, left:left + w].float()
+            out[k] = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
+        return out
+
+    def _batch(self, item, idx: np.ndarray) -> Batch:
+        aug = self.cfg.augment
+        if self.cfg.decoder == "pil":
+            pixels, labels, flips = item
+            images = normalize(pixels.to(self.device), aug, flips.to(self.device))
+        else:
+            encoded, labels, flips, rng, _ = item
+            images = normalize(self._gpu_decode(encoded, rng, idx), aug, flips.to(self.device), layout="NCHW")
+        return Batch(images, labels.to(self.device, dtype=torch.int64), torch.from_numpy(idx), self.source)
+
+    def __iter__(self):
+        batches = self.order.epoch_batches()
+        if self.order.position == 0:
+            self.coverage_audit.reset(self.order.epoch)
+        first = self.order.position // self.cfg.batch_size
+        with ThreadPoolExecutor(self.cfg.threads, thread_name_prefix="fastdata-decode") as pool:
+            futures = [pool.submit(self._read, b, first + k) for k, b in enumerate(batches[:self.cfg.prefetch])]
+            for k, idx in enumerate(batches):
+                item = futures[k].result()
+                if k + self.cfg.prefetch < len(batches):
+                    futures.append(pool.submit(self._read, batches[k + self.cfg.prefetch], first + k + self.cfg.prefetch))
+                futures[k] = None
+                batch = self._batch(item, idx)
+                self.order.advance(len(idx))
+                self.coverage_audit.add(idx)
+                yield batch
+        self.order.next_epoch()

@@ -1,0 +1,149 @@
+"""DaliLoader: NVIDIA DALI decodes JPEGs with nvJPEG ("mixed") on the GPU, or on CPU without one.
+
+Encoded samples are fed through ``fn.external_source`` from the read side's
+SampleOrder (files of an image folder, or samples of a JPEG cache), so the
+shuffle, rank split, resume state and coverage audit are the same as
+fastdata.loader's. (``fn.readers.file`` was set aside: its internal shuffle
+buffer makes the visited order unknowable, which would lose exact resume.)
+Decode, random-resized crop, resize, flip and normalisation run inside the
+DALI graph on the pipeline's device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..data.augment import AugmentConfig
+from ..data.batch import Batch, Coverage
+from ..data.order import OrderConfig, SampleOrder
+from ..errors import DependencyError, LoaderError
+from .source import EncodedSource
+
+
+@dataclass(frozen=True)
+class DaliConfig:
+    batch_size: int
+    augment: AugmentConfig = AugmentConfig()
+    device: str = "auto"          # auto: mixed (GPU) when CUDA is present, else cpu
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+    threads: int = 4
+    hw_decoder_load: float = 0.65  # share of images sent to the A100/H100 hardware JPEG decoder
+    rank: int = 0
+    world_size: int = 1
+
+
+def _dali():
+    try:
+        from nvidia import dali
+        from nvidia.dali import fn, types
+
+        return dali, fn, types
+    except ImportError:
+        raise DependencyError("the DALI backend needs NVIDIA DALI: pip install 'fastdata[dali]' "
+                              "(or use backend nvjpeg / cpu)") from None
+
+
+class _Feeder:
+    """external_source callable: one batch of (encoded bytes, labels) per call; StopIteration at epoch end."""
+
+    def __init__(self, source: EncodedSource) -> None:
+        self.source, self.batches, self.k = source, [], 0
+
+    def start(self, batches) -> None:
+        self.batches, self.k = batches, 0
+
+    def __call__(self):
+        if self.k >= len(self.batches):
+            raise StopIteration
+        idx = self.batches[self.k]
+        self.k += 1
+        encoded, labels = zip(*(self.source.get(i) for i in idx))
+        return list(encoded), [np.array([lab], dtype=np.int64) for lab in labels]
+
+
+def _graph(feeder, cfg: DaliConfig, gpu: bool):
+    dali, fn, types = _dali()
+    aug = cfg.augment
+    encoded, labels = fn.external_source(source=feeder, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64])
+    dev = "mixed" if gpu else "cpu"
+    extra = {"hw_decoder_load": cfg.hw_decoder_load} if gpu else {}
+    if aug.train:
+        images = fn.decoders.image_random_crop(encoded, device=dev, output_type=types.RGB,
+                                               random_area=list(aug.scale), random_aspect_ratio=list(aug.ratio),
+                                               num_attempts=10, **extra)
+        images = fn.resize(images, size=[aug.size, aug.size], antialias=True)
+        mirror = fn.random.coin_flip(probability=0.5) if aug.flip else 0
+    else:
+        images = fn.decoders.image(encoded, device=dev, output_type=types.RGB, **extra)
+        images = fn.resize(images, resize_shorter=round(aug.size / aug.crop_fraction), antialias=True)
+        mirror = 0
+    images = fn.crop_mirror_normalize(images, crop=[aug.size, aug.size], mirror=mirror, dtype=types.FLOAT,
+                                      output_layout="CHW", mean=[m * 255 for m in aug.mean],
+                                      std=[s * 255 for s in aug.std])
+    return images, labels.gpu() if gpu else labels
+
+
+def _to_torch(tl, device: torch.device) -> torch.Tensor:
+    from nvidia.dali.plugin.pytorch import feed_ndarray
+
+    t = tl.as_tensor()
+    out = torch.empty(t.shape(), dtype=torch.float32 if "float" in str(t.dtype).lower() else torch.int64,
+                      device=device)
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    feed_ndarray(t, out, cuda_stream=stream)
+    return out
+
+
+class DaliLoader:
+    def __init__(self, source: EncodedSource, cfg: DaliConfig) -> None:
+        dali, fn, types = _dali()
+        gpu = torch.cuda.is_available() if cfg.device == "auto" else cfg.device.startswith("cuda")
+        if gpu and not torch.cuda.is_available():
+            raise LoaderError(f"device={cfg.device!r} but CUDA is not available; use device='cpu'")
+        self.encoded, self.cfg, self.gpu = source, cfg, gpu
+        self.device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+        ocfg = OrderConfig(cfg.shuffle, cfg.seed, source.window, cfg.rank, cfg.world_size)
+        self.order = SampleOrder(source.shard_counts, cfg.batch_size, ocfg, cfg.drop_last)
+        self.coverage_audit = Coverage(len(source))
+        self.source = f"dali-{'mixed' if gpu else 'cpu'}-{source.kind}"
+        self._feeder = _Feeder(source)
+        pipe = dali.pipeline.Pipeline(batch_size=cfg.batch_size, num_threads=cfg.threads, seed=cfg.seed + 1,
+                                      device_id=self.device.index if gpu else None, prefetch_queue_depth=2,
+                                      exec_async=False, exec_pipelined=False)
+        with pipe:
+            pipe.set_outputs(*_graph(self._feeder, cfg, gpu))
+        pipe.build()
+        self.pipe = pipe
+
+    def __len__(self) -> int:
+        return self.order.batches_per_epoch()
+
+    def state_dict(self) -> dict:
+        return {"order": self.order.state_dict(), "coverage": self.coverage_audit.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order.load_state_dict(state["order"])
+        self.coverage_audit.load_state_dict(state["coverage"])
+
+    def coverage(self) -> dict:
+        return self.coverage_audit.report()
+
+    def __iter__(self):
+        batches = self.order.epoch_batches()
+        if self.order.position == 0:
+            self.coverage_audit.reset(self.order.epoch)
+        self._feeder.start(batches)
+        aug = self.cfg.augment
+        fmt = torch.channels_last if aug.channels_last else torch.contiguous_format
+        for idx in batches:
+            images, labels = self.pipe.run()
+            x = _to_torch(images, self.device).to(dtype=getattr(torch, aug.dtype), memory_format=fmt)
+            y = _to_torch(labels, self.device).view(-1)
+            self.order.advance(len(idx))
+            self.coverage_audit.add(idx)
+            yield Batch(x, y, torch.from_numpy(idx), self.source)
+        self.order.next_epoch()

@@ -1,0 +1,56 @@
+"""Encoded images by global index, from an image folder or a JPEG-encoded cache.
+
+Both GPU-decode backends read through this, and order batches with the read
+side's SampleOrder, so they share its shuffle, rank split, resume state and
+coverage audit with fastdata.loader.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..cache.sources import discover
+from ..data.reader import open_cache
+from ..data.select import is_cache
+from ..errors import LoaderError
+
+
+class EncodedSource:
+    """source.get(i) -> (encoded bytes as a uint8 array, label)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.cache = self.items = None
+        if is_cache(path):
+            self.cache = open_cache(path)
+            kind = self.cache.manifest.kind
+            if kind != "jpeg":
+                raise LoaderError(f"{path}: a {kind} cache needs no decoding; read it with fastdata.loader "
+                                  f"(backend cache), or rebuild with --encode jpeg for GPU decode")
+            self.shard_counts = [s.count for s in self.cache.manifest.shards]
+            self.label_map = self.cache.manifest.label_map
+            self.window = 16384
+        else:
+            src = discover(path)
+            self.items, self.label_map = src.items, src.label_map
+            self.shard_counts = [len(src.items)]   # files have no locality to keep: shuffle them all
+            self.window = len(src.items)
+
+    def __len__(self) -> int:
+        return sum(self.shard_counts)
+
+    def get(self, i: int) -> tuple[np.ndarray, int]:
+        if self.cache is not None:
+            data, label = self.cache.raw(int(i))
+            return data.numpy(), label
+        item = self.items[int(i)]
+        try:
+            return np.fromfile(item.path, dtype=np.uint8), item.label
+        except OSError as e:
+            raise LoaderError(f"{item.path}: cannot read ({e.strerror}); the image folder changed since the "
+                              f"loader started") from e
+
+    @property
+    def kind(self) -> str:
+        return "cache-jpeg" if self.cache is not None else "files"

@@ -1,0 +1,59 @@
+"""DDP / ZeRO set-up from torchrun's environment; gloo on CPU, NCCL on GPU."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .config import EngineConfig
+from .step import make_optimizer
+
+
+def init_from_env(device_type: str) -> bool:
+    """Join the process group torchrun describes (WORLD_SIZE > 1). True when distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size() > 1
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    return True
+
+
+def local_device() -> torch.device:
+    if torch.cuda.is_available():
+        idx = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(idx)
+        return torch.device("cuda", idx)
+    return torch.device("cpu")
+
+
+def wrap(model: nn.Module, cfg: EngineConfig, device: torch.device, distributed: bool):
+    """(model, optimizer): DDP-wrapped and ZeRO-sharded as configured."""
+    mode = cfg.distributed if cfg.distributed != "auto" else ("ddp" if distributed else "none")
+    if mode != "none" and distributed:
+        ids = [device.index] if device.type == "cuda" else None
+        model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    if mode == "zero" and distributed:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.SGD
+        extra = {} if cfg.optimizer == "adamw" else {"momentum": cfg.momentum}
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, lr=cfg.lr,
+                                      weight_decay=cfg.weight_decay, **extra)
+        return model, opt
+    return model, make_optimizer(model.parameters(), cfg, device)
+
+
+def all_agree_min(value: int, device: torch.device) -> int:
+    """The smallest value over all ranks (every rank must pick the same batch size)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    t = torch.tensor([value], device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

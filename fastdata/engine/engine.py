@@ -1,0 +1,225 @@
+"""Engine: the training loop that keeps the GPU fed and says where time goes.
+
+Per step the host only launches work: losses and non-finite counts stay on
+the device until a log point, so the host runs ahead of the GPU and the
+time spent waiting in ``next(loader)`` is the true data wait.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..data.augment import AugmentConfig, augment_batch
+from ..errors import EngineError
+from . import checkpoint as ckpt
+from .config import EngineConfig
+from .distributed import init_from_env, local_device, rank, wrap
+from .graph import compile_model, try_capture, unwrap
+from .step import TrainStep, make_scaler
+
+log = logging.getLogger("fastdata.engine")
+
+
+def apply_activation_checkpointing(model: nn.Module, names: tuple[str, ...]) -> None:
+    """Recompute the named blocks in backward instead of storing their activations.
+    forward is patched in place, so state_dict keys do not change."""
+    for name in names:
+        try:
+            block = model.get_submodule(name)
+        except AttributeError:
+            top = ", ".join(n for n, _ in model.named_children())
+            raise EngineError(f"checkpoint_blocks: no module {name!r}; top-level modules are: {top}") from None
+        inner = block.forward
+        block.forward = lambda *a, _f=inner, **k: checkpoint(_f, *a, use_reentrant=False, **k)
+
+
+@dataclass
+class Meter:
+    t0: float = 0.0
+    images: int = 0
+    wait: float = 0.0
+    steps: int = 0
+    started: bool = False
+    records: list = field(default_factory=list)
+
+    def start(self) -> None:
+        self.t0, self.images, self.wait, self.steps, self.started = time.perf_counter(), 0, 0.0, 0, True
+
+
+class Engine:
+    """Engine(model, EngineConfig).fit(loader, steps=...) -> report dict."""
+
+    def __init__(self, model: nn.Module, cfg: EngineConfig = EngineConfig(), device: torch.device | None = None):
+        cfg.validate()
+        self.cfg = cfg
+        self.device = device or local_device()
+        self.distributed = cfg.distributed != "none" and init_from_env(self.device.type)
+        torch.manual_seed(cfg.seed)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = cfg.precision == "tf32"
+            torch.backends.cudnn.allow_tf32 = cfg.precision == "tf32"
+            torch.backends.cudnn.benchmark = True
+        fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
+        model = model.to(self.device, memory_format=fmt)
+        apply_activation_checkpointing(model, cfg.checkpoint_blocks)
+        self.model, self.optimizer = wrap(compile_model(model, cfg.compile), cfg, self.device, self.distributed)
+        self.scaler = make_scaler(cfg, self.device)
+        self.step = TrainStep(self.model, self.optimizer, self.scaler, cfg, self.device)
+        self.graphed, self._graph_tried = None, False
+        self.global_step, self.epoch = 0, 0
+        self._augment = AugmentConfig(dtype="float32", channels_last=cfg.channels_last)
+
+    # ---- batches -------------------------------------------------------------------------------
+    def _prepare(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = batch[0], batch[1]
+        images = images.to(self.device, non_blocking=True)
+        labels = labels.to(self.device, non_blocking=True)
+        if images.dtype == torch.uint8:  # raw NHWC from a loader without augment: do it here, on device
+            images = augment_batch(images, self._augment)
+        elif self.cfg.channels_last and images.dim() == 4:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, labels
+
+    def _train_on(self, images, labels, window: int, last: bool) -> None:
+        if self.cfg.cuda_graph and not self._graph_tried:
+            self._graph_tried = True
+            with self._preserved():
+                self.graphed = try_capture(self.step, images, labels, self.cfg.accum_steps, self.distributed)
+        if self.graphed is not None and self.graphed.matches(images):
+            self.graphed(images, labels)
+            return
+        sync = self.model.no_sync() if self.distributed and not last else contextlib.nullcontext()
+        with sync:
+            self.step.micro(images, labels, window)
+        if last:
+            self.step.apply()
+
+    @contextlib.contextmanager
+    def _preserved(self):
+        """Undo the warm-up steps that capture needs, in place (graph addresses stay valid)."""
+        tensors = list(unwrap(self.model).state_dict(keep_vars=True).values())
+        tensors += [t for s in self.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+        saved = [t.detach().clone() for t in tensors]
+        scale = self.scaler.state_dict()
+        try:
+            yield
+        finally:
+            for t, s in zip(tensors, saved):
+                if t.shape == s.shape:
+                    t.detach().copy_(s)
+            for t in self.optimizer.state.values():  # state created during warm-up starts from zero
+                for v in t.values():
+                    if torch.is_tensor(v) and not any(v is x for x in tensors):
+                        v.zero_()
+            if scale:
+                self.scaler.load_state_dict(scale)  # fills the scale tensors in place
+            self.step.state.reset()
+
+    # ---- loop ------------------------------------------------------------------------------------
+    def fit(self, loader, *, steps: int | None = None, epochs: int = 1, warmup_steps: int = 5) -> dict:
+        """Train for `epochs` passes (or stop after `steps` optimizer steps); returns the report."""
+        meter = Meter()
+        accum = self.cfg.accum_steps
+        for _ in range(epochs):
+            remaining = _batches_left(loader)
+            window_left, window = 0, accum
+            it = iter(loader)
+            while True:
+                t = time.perf_counter()
+                batch = next(it, None)
+                meter.wait += time.perf_counter() - t
+                if batch is None:
+                    break
+                images, labels = self._prepare(batch)
+                if window_left == 0:
+                    window = window_left = max(1, min(accum, remaining))
+                self._train_on(images, labels, window, last=window_left == 1)
+                window_left, remaining = window_left - 1, remaining - 1
+                meter.images += len(labels)
+                if window_left:
+                    continue
+                self.global_step += 1
+                meter.steps += 1
+                self._after_step(meter, warmup_steps, loader)
+                if steps is not None and self.global_step >= steps:
+                    return self._report(meter)
+            self.epoch += 1
+        return self._report(meter)
+
+    def _after_step(self, meter: Meter, warmup_steps: int, loader) -> None:
+        if not meter.started and meter.steps >= warmup_steps:
+            self._sync()
+            meter.start()
+        if self.global_step % self.cfg.log_every == 0:
+            self._log(meter)
+        if self.cfg.ckpt_dir and self.cfg.ckpt_every and self.global_step % self.cfg.ckpt_every == 0:
+            self.save(f"{self.cfg.ckpt_dir}/last.pt", loader)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _log(self, meter: Meter) -> dict:
+        """The one host sync per log interval: read losses and the non-finite count."""
+        st = self.step.state
+        micro = max(1, st.micro_steps)
+        loss = float(st.loss_sum) / micro  # host sync
+        bad = int(st.nonfinite)
+        if bad and self.cfg.nonfinite == "stop":
+            raise EngineError(f"non-finite loss in {bad} micro-batches up to step {self.global_step} (those "
+                              f"updates were skipped); lower the learning rate, clip gradients or use bf16")
+        rec = {"step": self.global_step, "loss": loss, "nonfinite": bad}
+        meter.records.append(rec)
+        st.reset()
+        if rank() == 0:
+            log.info("step %d loss %.4f%s", self.global_step, loss, f" ({bad} non-finite skipped)" if bad else "")
+        return rec
+
+    def _report(self, meter: Meter) -> dict:
+        self._sync()
+        if self.step.state.micro_steps:
+            self._log(meter)
+        if not meter.started:
+            meter.start()
+        wall = max(time.perf_counter() - meter.t0, 1e-9)
+        return {"img_per_s": meter.images / wall if meter.images else 0.0, "steps": self.global_step,
+                "data_wait_frac": min(1.0, meter.wait / wall), "timed_steps": meter.steps,
+                "loss": meter.records[-1]["loss"] if meter.records else float("nan"),
+                "nonfinite": sum(r["nonfinite"] for r in meter.records), "cuda_graph": self.graphed is not None,
+                "history": meter.records}
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self, loader=None) -> dict:
+        opt = self.optimizer
+        if hasattr(opt, "consolidate_state_dict"):  # ZeRO: gather shards on rank 0
+            opt.consolidate_state_dict(0)
+        return {"model": unwrap(self.model).state_dict(), "optimizer": opt.state_dict() if rank() == 0 else None,
+                "scaler": self.scaler.state_dict(), "step": self.global_step, "epoch": self.epoch,
+                "loader": loader.state_dict() if hasattr(loader, "state_dict") else None,
+                "rng": ckpt.rng_state(), "config": self.cfg.__dict__}
+
+    def save(self, path, loader=None):
+        state = self.state_dict(loader)
+        return ckpt.save_checkpoint(path, state) if rank() == 0 else None
+
+    def load(self, path, loader=None) -> None:
+        state = ckpt.load_checkpoint(path, map_location=self.device)
+        unwrap(self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.global_step, self.epoch = state["step"], state["epoch"]
+        if loader is not None and state["loader"] is not None:
+            loader.load_state_dict(state["loader"])
+        ckpt.set_rng_state(state["rng"])
+
+
+def _batches_left(loader) -> int:
+    total = len(loader)
+    order = getattr(loader, "order", None)
+    return total - order.position // order.batch_size if order is not None else total

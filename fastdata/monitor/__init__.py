@@ -1,0 +1,1 @@
+"""Monitor: NVML sampler (duty cycle and GPM SM activity), profiler wrapper, doctor."""
