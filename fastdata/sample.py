@@ -9,6 +9,7 @@ packages, pass ``photos_dir`` holding images exported by ``export_photos``.
 from __future__ import annotations
 
 import io
+import os
 import zlib
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -25,6 +26,7 @@ _SKIMAGE = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "hubble_
 
 def base_photos(photos_dir: str | Path | None = None) -> dict[str, np.ndarray]:
     """name -> uint8 HWC RGB photo, from photos_dir or skimage/sklearn."""
+    photos_dir = photos_dir or os.environ.get("FASTDATA_PHOTOS")
     if photos_dir is not None:
         files = sorted(p for p in Path(photos_dir).iterdir() if p.suffix.lower() in (".png", ".jpg"))
         return {p.stem: np.asarray(Image.open(p).convert("RGB")) for p in files}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastdata.cache.build import BuildConfig, build_cache
+from helpers import build
 from fastdata.sample import base_photos, make_image_folder
 
 
@@ -17,13 +17,6 @@ def photos() -> dict[str, np.ndarray]:
 def image_folder(tmp_path_factory):
     """10 classes x 12 JPEGs of ~500x375, from real photos."""
     return make_image_folder(tmp_path_factory.mktemp("src") / "images", per_class=12, workers=2)
-
-
-def build(src, dest, **kw):
-    kw.setdefault("progress", False)
-    kw.setdefault("size", 64)
-    kw.setdefault("shard_size", "1MB")
-    return build_cache(BuildConfig(str(src), str(dest), **kw))
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from fastdata.cache.build import BuildConfig, build_cache
+
+
+def build(src, dest, **kw):
+    """build_cache with small test defaults (64 px, 1 MB shards, no progress bar)."""
+    kw.setdefault("progress", False)
+    kw.setdefault("size", 64)
+    kw.setdefault("shard_size", "1MB")
+    return build_cache(BuildConfig(str(src), str(dest), **kw))
+
 
 def epoch_indices(loader) -> list[np.ndarray]:
     return [b.indices.numpy().copy() for b in loader]

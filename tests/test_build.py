@@ -25,7 +25,7 @@ from fastdata.data.dataset import CacheDataset
 from fastdata.errors import BuildError, CacheFormatError
 from fastdata.sample import make_corrupt_zoo
 
-from conftest import build
+from helpers import build
 
 
 def _direct(path: Path, size: int) -> np.ndarray:

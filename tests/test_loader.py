@@ -143,7 +143,7 @@ def test_dataloader_factory_defaults_and_autotune(raw_cache):
 
 
 def test_loader_refuses_variable_shapes_and_bad_args(image_folder, tmp_path):
-    from conftest import build
+    from helpers import build
 
     build(image_folder, tmp_path / "v", resize="short", workers=0)
     with pytest.raises(LoaderError, match="fixed-shape"):
@@ -156,7 +156,7 @@ def test_loader_refuses_variable_shapes_and_bad_args(image_folder, tmp_path):
 
 
 def test_cache_replaced_under_running_loader_is_detected(image_folder, tmp_path):
-    from conftest import build
+    from helpers import build
 
     dest = tmp_path / "c"
     build(image_folder, dest, workers=0)

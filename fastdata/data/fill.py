@@ -7,6 +7,8 @@ the GIL while decoding.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -24,6 +26,21 @@ def _groups(cache: Cache, idx: np.ndarray):
         yield s, idx[lo:hi] - cache.starts[s], lo, hi
 
 
+def _pread_rows(shard, local: np.ndarray, out: torch.Tensor) -> None:
+    """Copy fixed-size samples straight from the file into `out` (pinned) with one pread per run of
+    consecutive samples. Faster than touching a memory map: no page faults in this process, and the
+    kernel copies from the page cache while the GIL is released."""
+    rows = out.numpy().reshape(len(local), -1)
+    row_bytes = rows.shape[1]
+    breaks = np.flatnonzero(np.diff(local) != 1) + 1
+    for a, b in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [len(local)]])):
+        start = shard.data_offset + int(shard.offsets[local[a]])
+        got = os.preadv(shard.fd(), [memoryview(rows[a:b])], start)
+        if got != (b - a) * row_bytes:
+            raise CacheFormatError(f"{shard.path}: short read at sample {int(local[a])} ({got} of "
+                                   f"{(b - a) * row_bytes} B); the shard is truncated, run fastdata verify")
+
+
 def fill_batch(cache: Cache, idx: np.ndarray, slot: dict) -> None:
     """Write samples idx (sorted global indices) into slot['images'][:n], labels into slot['labels']."""
     copied = slot.get("copied")
@@ -35,7 +52,9 @@ def fill_batch(cache: Cache, idx: np.ndarray, slot: dict) -> None:
         shard = cache.shard(s)
         cache.check_unchanged([s])
         labels[lo:hi] = torch.from_numpy(shard.labels[local])
-        if cache.manifest.kind == "raw":
+        if cache.manifest.kind == "raw" and shard.data_offset is not None:
+            _pread_rows(shard, local, images[lo:hi])
+        elif cache.manifest.kind == "raw":
             view = shard.block(0, len(shard), shape)
             torch.index_select(view, 0, torch.from_numpy(local), out=images[lo:hi])
         else:

@@ -35,6 +35,18 @@ class Shard:
     crc32: np.ndarray         # uint32 [n]
     keys: list[str]
     stat: tuple[int, int, int] = (0, 0, 0)   # (size, inode, mtime_ns) when opened
+    data_offset: int | None = None           # file offset of data[0]: lets readers pread() into pinned memory
+    _fd: int | None = None
+
+    def fd(self) -> int:
+        """A read-only descriptor for pread (no file position: safe to share between threads)."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        return self._fd
+
+    def __del__(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -60,13 +72,36 @@ def _open_h5(path: Path) -> Shard:
         else:
             data = torch.from_numpy(np.memmap(path, np.uint8, "c", offset or 0, (n,))) if n else \
                 torch.empty(0, dtype=torch.uint8)
-    return Shard(path, data, keys=keys, **arrays)
+    return Shard(path, data, keys=keys, data_offset=offset, **arrays)
+
+
+def _pt_data_offset(path: Path, data: torch.Tensor) -> int | None:
+    """File offset of the 'data' storage inside a torch.save zip (stored uncompressed), checked."""
+    import struct
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = [i for i in zf.infolist() if i.filename.endswith("/data/0")]
+            if len(names) != 1 or names[0].compress_type != zipfile.ZIP_STORED:
+                return None
+            info = names[0]
+        with open(path, "rb") as f:
+            f.seek(info.header_offset)
+            header = f.read(30)
+            name_len, extra_len = struct.unpack("<HH", header[26:30])
+            offset = info.header_offset + 30 + name_len + extra_len
+            f.seek(offset)
+            head = f.read(min(64, data.numel()))
+    except (OSError, zipfile.BadZipFile, struct.error):
+        return None
+    return offset if head == data[:len(head)].numpy().tobytes() and info.file_size == data.numel() else None
 
 
 def _open_pt(path: Path) -> Shard:
     obj = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
     return Shard(path, obj["data"], obj["offsets"].numpy(), obj["labels"].numpy(), obj["shapes"].numpy(),
-                 obj["crc32"].numpy(), list(obj["keys"]))
+                 obj["crc32"].numpy(), list(obj["keys"]), data_offset=_pt_data_offset(path, obj["data"]))
 
 
 def open_shard(path: Path, info: ShardInfo | None = None, cache: Path | None = None) -> Shard:

@@ -1,0 +1,127 @@
+"""Loader throughput on the same data: plain PIL DataLoader, fastdata.dataloader, fastdata.loader.
+
+    python benchmarks/loader.py [--per-class 100] [--seconds 6] [--photos DIR] [--out DIR]
+
+Each row runs in its own process so its peak memory is its own. On a GPU
+machine batches are delivered to the GPU (and augmented there for fastdata
+rows); on CPU they are delivered to host memory. Goals (issue 3): >= 15x the
+PIL DataLoader from a raw cache on the 2-core CPU box; >= 40,000 img/s of
+224 px batches to the GPU on the 16-core GPU machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import peak_rss_mb, write
+
+ROWS = ["pil-dataloader", "pil-dataloader-autotuned", "dataloader-cachedataset", "loader-raw-uint8",
+        "loader-raw-gpu-augment", "loader-jpeg"]
+
+
+def _drain(dl, seconds: float, device) -> float:
+    import torch
+
+    it = iter(dl)
+    for _ in range(3):
+        next(it)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        try:
+            batch = next(it)
+        except StopIteration:
+            it = iter(dl)
+            continue
+        x = batch[0].to(device, non_blocking=True)
+        n += x.shape[0]
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return n / (time.perf_counter() - t0)
+
+
+def _make(row: str, src: Path, raw: Path, jpeg: Path, bs: int, device):
+    import fastdata
+    from _datasets import PilFolder
+    from fastdata._util import usable_cpus
+    from fastdata.data.augment import AugmentConfig
+
+    cuda = device.type == "cuda"
+    aug = AugmentConfig(size=224, dtype="bfloat16") if cuda else None
+    if row == "pil-dataloader":
+        from torch.utils.data import DataLoader
+
+        return DataLoader(PilFolder(src), bs, shuffle=True, num_workers=min(4, usable_cpus()), pin_memory=cuda)
+    if row == "pil-dataloader-autotuned":
+        return fastdata.dataloader(PilFolder(src), bs, autotune_seconds=1.5)
+    if row == "dataloader-cachedataset":
+        return fastdata.dataloader(fastdata.CacheDataset(raw), bs)
+    if row == "loader-raw-uint8":
+        return fastdata.loader(raw, bs, device=str(device), threads=min(8, usable_cpus() * 2))
+    if row == "loader-raw-gpu-augment":
+        return fastdata.loader(raw, bs, device=str(device), augment=aug or AugmentConfig(size=224),
+                               threads=min(8, usable_cpus() * 2))
+    return fastdata.loader(jpeg, bs, device=str(device), augment=aug, threads=usable_cpus())
+
+
+def run_one(row: str, a) -> dict:
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dl = _make(row, Path(a.src), Path(a.raw), Path(a.jpeg), a.batch_size, device)
+    rate = _drain(dl, a.seconds, device)
+    return {"row": row, "img/s": rate, "peak RSS MB": peak_rss_mb(), "device": device.type}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--per-class", type=int, default=100)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--photos", default=None)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--work", default=None, help="reuse this folder for data (src/, raw/, jpeg/)")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--src"), ap.add_argument("--raw"), ap.add_argument("--jpeg")
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(run_one(a.one, a)))
+        return
+    from fastdata.cache.build import BuildConfig, build_cache
+    from fastdata.sample import make_image_folder
+
+    work = Path(a.work or tempfile.mkdtemp(prefix="fastdata-loader-"))
+    src, raw, jpeg = work / "src", work / "raw224", work / "jpeg256"
+    if not src.exists():
+        make_image_folder(src, a.per_class, photos_dir=a.photos)
+    build_cache(BuildConfig(str(src), str(raw), size=224, progress=False))
+    build_cache(BuildConfig(str(src), str(jpeg), encode="jpeg", size=256, progress=False))
+    rows = []
+    for row in ROWS:
+        cmd = [sys.executable, __file__, "--one", row, "--src", str(src), "--raw", str(raw), "--jpeg", str(jpeg),
+               "--seconds", str(a.seconds), "--batch-size", str(a.batch_size)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode:
+            rows.append({"row": row, "img/s": 0.0, "error": out.stderr.strip().splitlines()[-1][:120]})
+            continue
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    base = rows[0]["img/s"] or 1.0
+    for r in rows:
+        r["x PIL"] = f"{r['img/s'] / base:.1f}x"
+    n = sum(1 for _ in src.rglob("*.jpg"))
+    notes = (f"{n} JPEGs (500x375 q90, from skimage/sklearn photos), batch {a.batch_size}, {a.seconds:.0f} s per "
+             f"row. PIL rows decode+RandomResizedCrop(224)+flip+normalise in workers. loader-raw-* read a "
+             f"224 px raw cache (uint8: as stored; gpu-augment: RandomResizedCrop+flip+normalise on the "
+             f"device). loader-jpeg decodes a 256 px JPEG cache with PIL in threads.")
+    write("loader", rows, ["row", "img/s", "x PIL", "peak RSS MB", "device", "error"], notes,
+          Path(a.out) if a.out else None)
+
+
+if __name__ == "__main__":
+    main()

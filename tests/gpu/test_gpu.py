@@ -1,0 +1,108 @@
+"""GPU tests (pytest -m gpu): pinned H2D path, graph capture correctness, nvJPEG, NVML GPM."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import fastdata
+from fastdata.data.augment import AugmentConfig
+from fastdata.data.dataset import CacheDataset
+from fastdata.engine.config import EngineConfig
+from fastdata.engine.engine import Engine
+from fastdata.engine.models import SmallNet
+
+
+def test_fast_loader_to_cuda_equals_cpu_reference(raw_cache):
+    ref = CacheDataset(raw_cache)
+    seen = 0
+    for b in fastdata.loader(raw_cache, 16, device="cuda", seed=2):
+        assert b.images.is_cuda and b.images.dtype == torch.uint8 and b.labels.is_cuda
+        for img, idx in zip(b.images.cpu(), b.indices.tolist()):
+            assert np.array_equal(img.numpy(), ref[idx][0].numpy())
+            seen += 1
+    assert seen == len(ref)
+
+
+def test_fast_loader_gpu_augment_is_deterministic(raw_cache):
+    aug = AugmentConfig(size=48, dtype="bfloat16")
+    a = [b.images.float().cpu() for b in fastdata.loader(raw_cache, 16, device="cuda", seed=1, augment=aug)]
+    b = [b.images.float().cpu() for b in fastdata.loader(raw_cache, 16, device="cuda", seed=1, augment=aug)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _batches(n=12, bs=32, size=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(bs, 3, size, size, generator=g), torch.randint(0, 10, (bs,), generator=g)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cuda_graph_step_equals_eager_step(precision):
+    torch.manual_seed(0)
+    model = SmallNet(10)
+    eager = Engine(copy.deepcopy(model), EngineConfig(precision=precision, lr=0.05, log_every=4))
+    graph = Engine(copy.deepcopy(model), EngineConfig(precision=precision, lr=0.05, log_every=4, cuda_graph=True))
+    data = _batches()
+    r1 = eager.fit(data)
+    r2 = graph.fit(data)
+    assert r2["cuda_graph"] is True and r1["cuda_graph"] is False
+    torch.backends.cudnn.deterministic = True
+    for (n, p1), (_, p2) in zip(eager.model.named_parameters(), graph.model.named_parameters()):
+        assert torch.allclose(p1, p2, rtol=2e-2, atol=2e-3), n
+    l1 = [h["loss"] for h in r1["history"]]
+    l2 = [h["loss"] for h in r2["history"]]
+    assert np.allclose(l1, l2, rtol=2e-2, atol=2e-3)
+
+
+def test_graph_falls_back_on_partial_batch_and_names_accum(caplog):
+    eng = Engine(SmallNet(10), EngineConfig(cuda_graph=True, accum_steps=2, log_every=2))
+    eng.fit(_batches(4))
+    assert "accum_steps=2" in caplog.text and eng.graphed is None
+    eng = Engine(SmallNet(10), EngineConfig(cuda_graph=True, log_every=2))
+    data = _batches(4) + [(torch.randn(5, 3, 64, 64), torch.randint(0, 10, (5,)))]
+    report = eng.fit(data)
+    assert report["cuda_graph"] and report["steps"] == 5
+
+
+def test_fp16_scaler_skips_inf_on_gpu():
+    eng = Engine(SmallNet(10), EngineConfig(precision="fp16", log_every=1))
+    x, y = _batches(1)[0]
+    eng.fit([(x, y)])
+    before = {k: v.clone() for k, v in eng.model.state_dict().items() if v.is_floating_point()}
+    bad = x.clone()
+    bad[0, 0, 0, 0] = float("inf")
+    report = eng.fit([(bad, y)])
+    assert report["nonfinite"] == 1
+    after = eng.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if "running" not in k)
+
+
+def test_nvml_sampler_reads_gpm_on_hopper():
+    from fastdata.monitor.nvml import GpuSampler
+
+    s = GpuSampler()
+    assert s.available, s.reason
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    with s:
+        for _ in range(200):
+            x = (x @ x).clamp_(-1, 1)
+        torch.cuda.synchronize()
+    summary = s.summary()
+    assert summary["samples"] >= 1 and 0 <= summary["duty_cycle"] <= 100
+    if s.gpm:
+        assert 0 < summary["sm_util"] <= 100
+
+
+def test_nvjpeg_backend_matches_pil_backend(image_folder):
+    pytest.importorskip("torchvision")
+    from fastdata.dali import decode_loader
+
+    kw = dict(image_size=64, seed=0, train=False, shuffle=False)
+    gpu = list(decode_loader(image_folder, 16, backend="nvjpeg", **kw))
+    cpu = list(decode_loader(image_folder, 16, backend="cpu", device="cpu", **kw))
+    assert gpu[0].source.startswith("nvjpeg") and gpu[0].images.is_cuda
+    for a, b in zip(gpu, cpu):
+        assert torch.equal(a.labels.cpu(), b.labels)
+        assert (a.images.float().cpu() - b.images.float()).abs().mean() < 0.1  # normalised units
