@@ -48,8 +48,11 @@ class Meter:
     started: bool = False
     records: list = field(default_factory=list)
 
+    mark: float = 0.0
+
     def start(self) -> None:
         self.t0, self.images, self.wait, self.steps, self.started = time.perf_counter(), 0, 0.0, 0, True
+        self.mark = time.monotonic()
 
 
 class Engine:
@@ -73,6 +76,7 @@ class Engine:
         self.step = TrainStep(self.model, self.optimizer, self.scaler, cfg, self.device)
         self.graphed, self._graph_tried = None, False
         self.global_step, self.epoch = 0, 0
+        self._sampler = None
         self._augment = AugmentConfig(dtype="float32", channels_last=cfg.channels_last)
 
     # ---- batches -------------------------------------------------------------------------------
@@ -122,9 +126,24 @@ class Engine:
             self.step.state.reset()
 
     # ---- loop ------------------------------------------------------------------------------------
-    def fit(self, loader, *, steps: int | None = None, epochs: int = 1, warmup_steps: int = 5) -> dict:
-        """Train for `epochs` passes (or stop after `steps` optimizer steps); returns the report."""
+    def fit(self, loader, *, steps: int | None = None, epochs: int = 1, warmup_steps: int = 5,
+            time_limit: float | None = None) -> dict:
+        """Train for `epochs` passes, or until `steps` optimizer steps, or `time_limit` timed seconds.
+
+        The report covers the steps after `warmup_steps` (compilation, cudnn autotuning, graph
+        capture happen there) and, on a GPU, NVML duty cycle and GPM SM activity over that window.
+        """
+        from ..monitor.nvml import GpuSampler
+
         meter = Meter()
+        self._sampler = GpuSampler().start() if self.device.type == "cuda" else None
+        try:
+            return self._fit(loader, meter, steps, epochs, warmup_steps, time_limit)
+        finally:
+            if self._sampler is not None:
+                self._sampler.stop()
+
+    def _fit(self, loader, meter: Meter, steps, epochs: int, warmup_steps: int, time_limit) -> dict:
         accum = self.cfg.accum_steps
         for _ in range(epochs):
             remaining = _batches_left(loader)
@@ -148,6 +167,8 @@ class Engine:
                 meter.steps += 1
                 self._after_step(meter, warmup_steps, loader)
                 if steps is not None and self.global_step >= steps:
+                    return self._report(meter)
+                if time_limit is not None and meter.started and time.perf_counter() - meter.t0 >= time_limit:
                     return self._report(meter)
             self.epoch += 1
         return self._report(meter)
@@ -192,6 +213,7 @@ class Engine:
                 "data_wait_frac": min(1.0, meter.wait / wall), "timed_steps": meter.steps,
                 "loss": meter.records[-1]["loss"] if meter.records else float("nan"),
                 "nonfinite": sum(r["nonfinite"] for r in meter.records), "cuda_graph": self.graphed is not None,
+                "gpu": self._sampler.summary(since=meter.mark) if getattr(self, "_sampler", None) else {},
                 "history": meter.records}
 
     # ---- checkpoints ----------------------------------------------------------------------------

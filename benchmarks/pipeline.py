@@ -1,0 +1,174 @@
+"""The seed's optimisation path, measured end to end: ResNet-50 from JPEG files to a GPU-bound step.
+
+    python benchmarks/pipeline.py [--per-class 2000] [--seconds 10] [--photos DIR] [--out DIR]
+
+Each row adds one step and reports img/s, utilization.gpu (duty cycle), GPM
+SM activity, data-wait fraction and speed-up over row 1. The last row is the
+ceiling: the same engine on synthetic data already on the GPU. Goals
+(issue 7): best real-data row >= 97% of the ceiling and >= 9x row 1.
+Writes Markdown + JSON + a PNG bar chart to benchmarks/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from _common import tag, write
+
+log = logging.getLogger("pipeline")
+COLS = ["row", "img/s", "speed-up", "vs ceiling", "duty cycle %", "SM activity %", "data wait", "note"]
+
+
+def _row(name: str, report: dict, note: str = "") -> dict:
+    gpu = report.get("gpu", {})
+    return {"row": name, "img/s": report["img_per_s"], "duty cycle %": gpu.get("duty_cycle", float("nan")),
+            "SM activity %": gpu.get("sm_util", float("nan")), "data wait": f"{report['data_wait_frac']:.0%}",
+            "note": note, "loss": report["loss"], "cuda_graph": report["cuda_graph"]}
+
+
+class Synthetic:
+    """Batches already on the GPU: the model's own ceiling."""
+
+    def __init__(self, bs: int, device: torch.device, n: int = 10_000) -> None:
+        self.x = torch.randn(bs, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
+        self.y = torch.randint(0, 10, (bs,), device=device)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return ((self.x, self.y) for _ in range(self.n))
+
+
+def _data(a, work: Path):
+    from fastdata.cache.build import BuildConfig, build_cache
+    from fastdata.sample import make_image_folder
+
+    src = work / "src"
+    t0 = time.perf_counter()
+    make_image_folder(src, a.per_class, photos_dir=a.photos)
+    log.info("made %s in %.0f s", src, time.perf_counter() - t0)
+    raw = build_cache(BuildConfig(str(src), str(work / "raw256"), size=256, progress=False))
+    jpg = build_cache(BuildConfig(str(src), str(work / "jpeg256"), encode="jpeg", size=256, progress=False))
+    log.info("raw cache: %s", raw.summary())
+    log.info("jpeg cache: %s", jpg.summary())
+    return src, work / "raw256", work / "jpeg256", {"raw_build": raw.summary(), "jpeg_build": jpg.summary()}
+
+
+def run(a) -> tuple[list[dict], dict]:
+    import fastdata
+    from _datasets import PilFolder
+    from torch.utils.data import DataLoader
+    from fastdata.dali import decode_loader
+    from fastdata.data.augment import AugmentConfig
+    from fastdata.engine.batch_size import BatchSearchConfig, find_batch_size
+    from fastdata.engine.config import EngineConfig
+    from fastdata.engine.engine import Engine
+    from fastdata.engine.models import resolve_model
+
+    work = Path(a.work or tempfile.mkdtemp(prefix="fastdata-pipeline-"))
+    src, raw, jpeg, info = _data(a, work)
+    bs, T = a.batch_size, a.seconds
+    fit = dict(time_limit=T, warmup_steps=8, epochs=100)
+    model = lambda: resolve_model(a.model, 10)  # noqa: E731
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    comp = a.compile
+    rows = []
+    eng = Engine(model(), EngineConfig(precision="fp32", channels_last=False, log_every=1000))
+    rows.append(_row("1 PIL DataLoader, 4 workers, fp32", eng.fit(DataLoader(
+        PilFolder(src), bs, shuffle=True, num_workers=4, pin_memory=True, persistent_workers=True), **fit)))
+    tuned = fastdata.dataloader(PilFolder(src), bs, autotune_seconds=1.0)
+    rows.append(_row("2 + tuned DataLoader (autotune)", eng.fit(tuned, **fit),
+                     f"workers={tuned.num_workers} prefetch={tuned.prefetch_factor}"))
+    eng = Engine(model(), EngineConfig(precision="bf16", log_every=1000))
+    rows.append(_row("3 + AMP bf16, channels_last", eng.fit(tuned, **fit)))
+    eng = Engine(model(), EngineConfig(precision="bf16", compile=comp, log_every=1000))
+    rows.append(_row("4 + torch.compile", eng.fit(tuned, **fit)))
+    probe = Engine(model(), EngineConfig(precision="bf16", log_every=1000))
+    best, curve = find_batch_size(lambda b: probe.step.full(
+        torch.randn(b, 3, 224, 224, device=dev).contiguous(memory_format=torch.channels_last),
+        torch.randint(0, 10, (b,), device=dev)), probe.device,
+        BatchSearchConfig(start=max(16, bs // 2), max_batch=bs * 4))
+    del probe
+    info["batch_curve"] = curve
+    eng5 = eng if best == bs else Engine(model(), EngineConfig(precision="bf16", compile=comp, log_every=1000))
+    tuned5 = fastdata.dataloader(PilFolder(src), best, workers=tuned.num_workers, prefetch_factor=tuned.prefetch_factor)
+    rows.append(_row(f"5 + batch size search (chose {best})", eng5.fit(tuned5, **fit)))
+    del tuned, tuned5
+    aug = AugmentConfig(size=224, dtype="bfloat16")
+    rows.append(_row("6a fastdata raw cache + GPU loader", eng.fit(
+        fastdata.loader(raw, bs, device=str(dev), augment=aug, threads=8), **fit)))
+    dl6 = decode_loader(jpeg, bs, backend=a.backend, dtype="bfloat16", threads=8)
+    rows.append(_row("6b fastdata JPEG cache + GPU decode", eng.fit(dl6, **fit), dl6.source))
+    dl7 = decode_loader(src, bs, backend=a.backend, dtype="bfloat16", threads=12)
+    log.info("row 7 decodes with %s", dl7.source)
+    rows.append(_row("7 GPU decode from JPEG files", eng.fit(dl7, **fit), dl7.source))
+    geng = Engine(model(), EngineConfig(precision="bf16", compile=comp, cuda_graph=True, log_every=1000))
+    rows.append(_row("8 raw cache + GPU loader + CUDA graph", geng.fit(
+        fastdata.loader(raw, bs, device=str(dev), augment=aug, threads=8), **fit)))
+    rows.append(_row("ceiling: synthetic on GPU, compile + graph", geng.fit(Synthetic(bs, dev), **fit)))
+    rows.append(_row("ceiling: synthetic on GPU, compile", eng.fit(Synthetic(bs, dev), **fit)))
+    return rows, info
+
+
+def chart(rows: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(10, 5))
+    names = [r["row"] for r in rows]
+    ax.barh(names[::-1], [r["img/s"] for r in rows][::-1], color="#4477aa")
+    ax.set_xlabel("img/s (ResNet-50, one H200)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--per-class", type=int, default=2000)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--backend", default="auto", help="GPU decode backend for rows 6b/7: auto|dali|nvjpeg")
+    ap.add_argument("--photos", default=None)
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--compile", default="default")
+    ap.add_argument("--chart", default=None, help="only redraw the PNG from a results JSON")
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if a.chart:
+        import json
+
+        chart(json.loads(Path(a.chart).read_text())["rows"], Path(a.chart).with_suffix(".png"))
+        return
+    rows, info = run(a)
+    base = rows[0]["img/s"] or 1.0
+    ceiling = max(r["img/s"] for r in rows if r["row"].startswith("ceiling"))
+    for r in rows:
+        r["speed-up"] = f"{r['img/s'] / base:.1f}x"
+        r["vs ceiling"] = f"{r['img/s'] / ceiling:.1%}"
+    best = max((r for r in rows if not r["row"].startswith("ceiling")), key=lambda r: r["img/s"])
+    notes = (f"{a.per_class * 10} JPEGs (~500x375, q90, from skimage/sklearn photos), ResNet-50 "
+             f"(torchvision), batch {a.batch_size}, {a.seconds:.0f} s timed per row after 8 warm-up steps. "
+             f"Best real-data row: {best['row']} at {best['img/s']:.0f} img/s = "
+             f"{best['img/s'] / ceiling:.1%} of the ceiling and {best['img/s'] / base:.1f}x row 1.\n\n"
+             f"Builds: {info['raw_build']}; {info['jpeg_build']}.\nBatch-size curve: "
+             + ", ".join(f"{c['batch_size']}: {c['img_per_s']:.0f}" for c in info["batch_curve"]))
+    out = Path(a.out) if a.out else None
+    md = write("pipeline", rows, COLS, notes, out)
+    chart(rows, md.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
