@@ -61,7 +61,41 @@ def _data(a, work: Path):
     return src, work / "raw256", work / "jpeg256", {"raw_build": raw.summary(), "jpeg_build": jpg.summary()}
 
 
-def run(a) -> tuple[list[dict], dict]:
+def _loader_only(dl, seconds: float) -> float:
+    """img/s delivered to the GPU by a loader alone (no model)."""
+    it, n = iter(dl), 0
+    for _ in range(3):
+        next(it)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        try:
+            n += len(next(it)[1])
+        except StopIteration:
+            it = iter(dl)
+    torch.cuda.synchronize()
+    return n / (time.perf_counter() - t0)
+
+
+class Rows:
+    """Collects rows; a row that fails is recorded with its error and the run goes on."""
+
+    def __init__(self, save) -> None:
+        self.rows, self.save = [], save
+
+    def add(self, name: str, fn, note: str = "") -> None:
+        t0 = time.perf_counter()
+        try:
+            report = fn()
+            self.rows.append(_row(name, report, note() if callable(note) else note))
+        except Exception as e:  # noqa: BLE001 - a benchmark row failing must not lose the others
+            log.exception("row %s failed", name)
+            self.rows.append({"row": name, "img/s": 0.0, "data wait": "", "note": f"FAILED: {e}"[:160]})
+        log.info("%s: %.0f img/s (%.0f s)", name, self.rows[-1]["img/s"], time.perf_counter() - t0)
+        self.save(self.rows)
+
+
+def run(a, save) -> tuple[list[dict], dict]:
     import fastdata
     from _datasets import PilFolder
     from torch.utils.data import DataLoader
@@ -79,42 +113,45 @@ def run(a) -> tuple[list[dict], dict]:
     model = lambda: resolve_model(a.model, 10)  # noqa: E731
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     comp = a.compile
-    rows = []
-    eng = Engine(model(), EngineConfig(precision="fp32", channels_last=False, log_every=1000))
-    rows.append(_row("1 PIL DataLoader, 4 workers, fp32", eng.fit(DataLoader(
-        PilFolder(src), bs, shuffle=True, num_workers=4, pin_memory=True, persistent_workers=True), **fit)))
-    tuned = fastdata.dataloader(PilFolder(src), bs, autotune_seconds=1.0)
-    rows.append(_row("2 + tuned DataLoader (autotune)", eng.fit(tuned, **fit),
-                     f"workers={tuned.num_workers} prefetch={tuned.prefetch_factor}"))
-    eng = Engine(model(), EngineConfig(precision="bf16", log_every=1000))
-    rows.append(_row("3 + AMP bf16, channels_last", eng.fit(tuned, **fit)))
-    eng = Engine(model(), EngineConfig(precision="bf16", compile=comp, log_every=1000))
-    rows.append(_row("4 + torch.compile", eng.fit(tuned, **fit)))
-    probe = Engine(model(), EngineConfig(precision="bf16", log_every=1000))
-    best, curve = find_batch_size(lambda b: probe.step.full(
-        torch.randn(b, 3, 224, 224, device=dev).contiguous(memory_format=torch.channels_last),
-        torch.randint(0, 10, (b,), device=dev)), probe.device,
-        BatchSearchConfig(start=max(16, bs // 2), max_batch=bs * 4))
-    del probe
-    info["batch_curve"] = curve
-    eng5 = eng if best == bs else Engine(model(), EngineConfig(precision="bf16", compile=comp, log_every=1000))
-    tuned5 = fastdata.dataloader(PilFolder(src), best, workers=tuned.num_workers, prefetch_factor=tuned.prefetch_factor)
-    rows.append(_row(f"5 + batch size search (chose {best})", eng5.fit(tuned5, **fit)))
-    del tuned, tuned5
     aug = AugmentConfig(size=224, dtype="bfloat16")
-    rows.append(_row("6a fastdata raw cache + GPU loader", eng.fit(
-        fastdata.loader(raw, bs, device=str(dev), augment=aug, threads=8), **fit)))
+    rows = Rows(lambda r: save(r, info))
+    e1 = Engine(model(), EngineConfig(precision="fp32", channels_last=False, log_every=1000))
+    rows.add("1 PIL DataLoader, 4 workers, fp32", lambda: e1.fit(DataLoader(
+        PilFolder(src), bs, shuffle=True, num_workers=4, pin_memory=True, persistent_workers=True), **fit))
+    tuned = fastdata.dataloader(PilFolder(src), bs, autotune_seconds=0.8)
+    rows.add("2 + tuned DataLoader (autotune)", lambda: e1.fit(tuned, **fit),
+             f"workers={tuned.num_workers} prefetch={tuned.prefetch_factor}")
+    e3 = Engine(model(), EngineConfig(precision="bf16", log_every=1000))
+    rows.add("3 + AMP bf16, channels_last", lambda: e3.fit(tuned, **fit))
+    e4 = Engine(model(), EngineConfig(precision="bf16", compile=comp, log_every=1000))
+    rows.add("4 + torch.compile", lambda: e4.fit(tuned, **fit))
+    best, curve = find_batch_size(lambda b: e3.step.full(
+        torch.randn(b, 3, 224, 224, device=dev).contiguous(memory_format=torch.channels_last),
+        torch.randint(0, 10, (b,), device=dev)), dev, BatchSearchConfig(start=bs // 2, max_batch=bs * 4, steps=4))
+    info["batch_curve"] = curve
+    accum = max(1, best // bs)
+    e5 = Engine(e4.model, EngineConfig(precision="bf16", accum_steps=accum, log_every=1000), dev)
+    rows.add(f"5 + batch search (best {best}): accumulate {accum} x {bs}", lambda: e5.fit(tuned, **fit))
+    del tuned
+    raw_dl = fastdata.loader(raw, bs, device=str(dev), augment=aug, threads=8)
+    rows.add("6a fastdata raw cache + GPU loader", lambda: e4.fit(raw_dl, **fit))
     dl6 = decode_loader(jpeg, bs, backend=a.backend, dtype="bfloat16", threads=8)
-    rows.append(_row("6b fastdata JPEG cache + GPU decode", eng.fit(dl6, **fit), dl6.source))
+    rows.add("6b fastdata JPEG cache + GPU decode", lambda: e4.fit(dl6, **fit), dl6.source)
     dl7 = decode_loader(src, bs, backend=a.backend, dtype="bfloat16", threads=12)
-    log.info("row 7 decodes with %s", dl7.source)
-    rows.append(_row("7 GPU decode from JPEG files", eng.fit(dl7, **fit), dl7.source))
-    geng = Engine(model(), EngineConfig(precision="bf16", compile=comp, cuda_graph=True, log_every=1000))
-    rows.append(_row("8 raw cache + GPU loader + CUDA graph", geng.fit(
-        fastdata.loader(raw, bs, device=str(dev), augment=aug, threads=8), **fit)))
-    rows.append(_row("ceiling: synthetic on GPU, compile + graph", geng.fit(Synthetic(bs, dev), **fit)))
-    rows.append(_row("ceiling: synthetic on GPU, compile", eng.fit(Synthetic(bs, dev), **fit)))
-    return rows, info
+    rows.add("7 GPU decode from the JPEG files", lambda: e4.fit(dl7, **fit), dl7.source)
+    g = Engine(model(), EngineConfig(precision="bf16", compile=comp, cuda_graph=True, log_every=1000))
+    rows.add("8 raw cache + GPU loader + CUDA graph", lambda: g.fit(raw_dl, **fit))
+    rows.add("ceiling: synthetic on GPU, compile + graph", lambda: g.fit(Synthetic(bs, dev), **fit))
+    rows.add("ceiling: synthetic on GPU, compile", lambda: e4.fit(Synthetic(bs, dev), **fit))
+    rows.add("synthetic on GPU, eager bf16", lambda: e3.fit(Synthetic(bs, dev), **fit))
+    rows.add("synthetic on GPU, eager fp32", lambda: e1.fit(Synthetic(bs, dev), **fit))
+    if dev.type == "cuda":
+        info["loader_only"] = {
+            "raw cache uint8 256px": _loader_only(fastdata.loader(raw, bs, device="cuda", threads=8), 5),
+            "raw cache + GPU RRC 224 bf16": _loader_only(raw_dl, 5),
+            f"JPEG cache, {dl6.source}": _loader_only(dl6, 5),
+            f"JPEG files, {dl7.source}": _loader_only(dl7, 5)}
+    return rows.rows, info
 
 
 def chart(rows: list[dict], path: Path) -> None:
@@ -152,22 +189,29 @@ def main() -> None:
 
         chart(json.loads(Path(a.chart).read_text())["rows"], Path(a.chart).with_suffix(".png"))
         return
-    rows, info = run(a)
+    out = Path(a.out) if a.out else None
+    rows, info = run(a, lambda r, i: report(a, r, i, out))
+    md = report(a, rows, info, out)
+    chart(rows, md.with_suffix(".png"))
+
+
+def report(a, rows: list[dict], info: dict, out: Path | None) -> Path:
+    rows = [dict(r) for r in rows]
     base = rows[0]["img/s"] or 1.0
-    ceiling = max(r["img/s"] for r in rows if r["row"].startswith("ceiling"))
+    ceiling = max([r["img/s"] for r in rows if r["row"].startswith("ceiling")] or [1.0])
     for r in rows:
         r["speed-up"] = f"{r['img/s'] / base:.1f}x"
         r["vs ceiling"] = f"{r['img/s'] / ceiling:.1%}"
-    best = max((r for r in rows if not r["row"].startswith("ceiling")), key=lambda r: r["img/s"])
+    best = max((r for r in rows if r["row"][0].isdigit()), key=lambda r: r["img/s"])
     notes = (f"{a.per_class * 10} JPEGs (~500x375, q90, from skimage/sklearn photos), ResNet-50 "
              f"(torchvision), batch {a.batch_size}, {a.seconds:.0f} s timed per row after 8 warm-up steps. "
              f"Best real-data row: {best['row']} at {best['img/s']:.0f} img/s = "
              f"{best['img/s'] / ceiling:.1%} of the ceiling and {best['img/s'] / base:.1f}x row 1.\n\n"
              f"Builds: {info['raw_build']}; {info['jpeg_build']}.\nBatch-size curve: "
-             + ", ".join(f"{c['batch_size']}: {c['img_per_s']:.0f}" for c in info["batch_curve"]))
-    out = Path(a.out) if a.out else None
-    md = write("pipeline", rows, COLS, notes, out)
-    chart(rows, md.with_suffix(".png"))
+             + ", ".join(f"{c['batch_size']}: {c['img_per_s']:.0f}" for c in info.get("batch_curve", []))
+             + "\n\nLoader alone, img/s to the GPU: "
+             + ", ".join(f"{k}: {v:,.0f}" for k, v in info.get("loader_only", {}).items()))
+    return write("pipeline", rows, COLS, notes, out)
 
 
 if __name__ == "__main__":

@@ -71,21 +71,23 @@ def _variant(photo: np.ndarray, rng: np.random.Generator, out_wh: tuple[int, int
     img = img.resize((ow, oh), Image.BILINEAR)
     if rng.random() < 0.5:
         img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    gain = rng.uniform(0.75, 1.25)
-    arr = np.clip(np.asarray(img, dtype=np.float32) * gain + rng.normal(0, 3, (oh, ow, 3)), 0, 255)
-    return Image.fromarray(arr.astype(np.uint8))
+    return img.point(_gain_table(rng.uniform(0.75, 1.25)))
+
+
+def _gain_table(gain: float) -> list[int]:
+    return [min(255, int(v * gain)) for v in range(256)] * 3
 
 
 def _make_class(args) -> int:
-    name, photo, dest, n, seed, out_wh, quality = args
-    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    name, photo, dest, lo, hi, seed, out_wh, quality = args
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode()), lo])
     folder = Path(dest) / name
     folder.mkdir(parents=True, exist_ok=True)
-    for i in range(n):
+    for i in range(lo, hi):
         buf = io.BytesIO()
         _variant(photo, rng, out_wh).save(buf, format="JPEG", quality=quality)
         (folder / f"{name}_{i:06d}.jpg").write_bytes(buf.getvalue())
-    return n
+    return hi - lo
 
 
 def make_image_folder(dest: str | Path, per_class: int = 32, *, classes: int | None = None, seed: int = 0,
@@ -93,7 +95,9 @@ def make_image_folder(dest: str | Path, per_class: int = 32, *, classes: int | N
                       workers: int | None = None) -> Path:
     """An ImageFolder tree dest/<class>/<file>.jpg of per_class JPEGs per base photo."""
     photos = sorted(base_photos(photos_dir).items())[:classes]
-    jobs = [(name, photo, str(dest), per_class, seed, size, quality) for name, photo in photos]
+    step = 256  # images per job, so that many cores share even a few classes
+    jobs = [(name, photo, str(dest), lo, min(per_class, lo + step), seed, size, quality)
+            for name, photo in photos for lo in range(0, per_class, step)]
     workers = min(len(jobs), workers or usable_cpus())
     if workers <= 1:
         list(map(_make_class, jobs))

@@ -2,10 +2,12 @@
 
 Shuffling every sample uniformly makes each batch touch every shard; instead
 shards are visited in a random order and samples are shuffled within a window
-of consecutive shards' samples. The epoch order is then cut into one
-contiguous span per rank (locality per rank, disjoint, equal length: the
-last ``N mod world`` samples of each epoch's order are left out, and which
-ones rotates with the epoch). The order is a pure function of its inputs, so
+of consecutive shards' samples. The epoch order is then dealt out to ranks
+like cards (rank r takes positions r, r + world, ...): disjoint, equal
+length (the last ``N mod world`` samples of each epoch's order are left
+out, and which ones rotates with the epoch), and step k of all ranks
+together sees exactly the samples one process with world x the batch size
+would see, so a DDP run matches a single-process run. The order is a pure function of its inputs, so
 state is just (epoch, position) and resume is exact.
 """
 from __future__ import annotations
@@ -43,7 +45,7 @@ def epoch_order(shard_counts: list[int], epoch: int, cfg: OrderConfig) -> np.nda
     else:
         order = np.arange(total, dtype=np.int64)
     per_rank = total // cfg.world_size
-    return order[cfg.rank * per_rank:(cfg.rank + 1) * per_rank]
+    return order[cfg.rank:per_rank * cfg.world_size:cfg.world_size]
 
 
 class SampleOrder:

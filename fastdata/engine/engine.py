@@ -97,6 +97,7 @@ class Engine:
                 self.graphed = try_capture(self.step, images, labels, self.cfg.accum_steps, self.distributed)
         if self.graphed is not None and self.graphed.matches(images):
             self.graphed(images, labels)
+            self.step.state.micro_steps += 1  # the replay added one loss to the device-side sum
             return
         sync = self.model.no_sync() if self.distributed and not last else contextlib.nullcontext()
         with sync:

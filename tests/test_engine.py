@@ -1,0 +1,177 @@
+"""Engine on CPU: learning, accumulation, non-finite policy, exact resume, DDP/ZeRO, compile, auto batch."""
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fastdata
+from fastdata.data.augment import AugmentConfig
+from fastdata.engine.batch_size import BatchSearchConfig, find_batch_size
+from fastdata.engine.config import EngineConfig
+from fastdata.engine.engine import Engine
+from fastdata.engine.models import SmallNet, resnet18
+from fastdata.errors import EngineError
+
+
+def tiny_net(num_classes: int = 10) -> nn.Module:
+    """No BatchNorm: per-sample gradients do not depend on the micro-batch, so sums must agree."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+                         nn.Linear(128, num_classes))
+
+
+def _fixed_batches(n, bs, size=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(bs, 3, size, size, generator=g), torch.randint(0, 10, (bs,), generator=g)) for _ in range(n)]
+
+
+def test_loss_falls_on_real_photo_cache(raw_cache):
+    dl = fastdata.loader(raw_cache, 24, device="cpu", augment=AugmentConfig(size=48), seed=0)
+    eng = Engine(SmallNet(10, width=16), EngineConfig(precision="bf16", lr=0.05, log_every=5))
+    report = eng.fit(dl, epochs=6)
+    losses = [h["loss"] for h in report["history"]]
+    assert losses[-1] < 0.6 * losses[0], losses
+    assert report["img_per_s"] > 0 and 0 <= report["data_wait_frac"] <= 1
+
+
+def test_accumulation_4x8_equals_32():
+    data32 = _fixed_batches(1, 32)
+    x, y = data32[0]
+    data8 = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
+    cfg = dict(precision="fp32", lr=0.1, momentum=0.0, weight_decay=0.0, channels_last=False)
+    a = Engine(tiny_net(), EngineConfig(accum_steps=4, **cfg))
+    b = Engine(tiny_net(), EngineConfig(accum_steps=1, **cfg))
+    ra, rb = a.fit(data8), b.fit(data32)
+    assert ra["steps"] == rb["steps"] == 1
+    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.allclose(pa, pb, atol=1e-6)
+
+
+def test_short_last_accumulation_window_is_averaged_over_what_it_has():
+    x, y = _fixed_batches(1, 24)[0]
+    data = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8)]
+    cfg = dict(precision="fp32", lr=0.1, momentum=0.0, weight_decay=0.0, channels_last=False)
+    a = Engine(tiny_net(), EngineConfig(accum_steps=4, **cfg))  # 3 batches: one short window of 3
+    b = Engine(tiny_net(), EngineConfig(**cfg))
+    a.fit(data)
+    b.fit([(x, y)])
+    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.allclose(pa, pb, atol=1e-6)
+
+
+def test_fp16_scaler_skips_injected_inf():
+    eng = Engine(tiny_net(), EngineConfig(precision="fp16", lr=0.1, log_every=1, channels_last=False))
+    (x, y), = _fixed_batches(1, 8)
+    before = copy.deepcopy(eng.model.state_dict())
+    bad = x.clone()
+    bad[0] = float("inf")
+    report = eng.fit([(bad, y)])
+    assert report["nonfinite"] == 1
+    assert all(torch.equal(before[k], v) for k, v in eng.model.state_dict().items())
+    good = eng.fit([(x, y)])
+    assert good["nonfinite"] == 0
+    assert not all(torch.equal(before[k], v) for k, v in eng.model.state_dict().items())
+
+
+def test_nonfinite_stop_names_the_step():
+    eng = Engine(tiny_net(), EngineConfig(precision="fp32", nonfinite="stop", log_every=2, channels_last=False))
+    data = _fixed_batches(4, 8)
+    data[2] = (data[2][0] * float("nan"), data[2][1])
+    with pytest.raises(EngineError, match="up to step 4"):
+        eng.fit(data)
+
+
+def test_checkpoint_resume_reproduces_next_losses_bit_for_bit(raw_cache, tmp_path):
+    def make():
+        torch.manual_seed(0)
+        dl = fastdata.loader(raw_cache, 16, device="cpu", augment=AugmentConfig(size=32), seed=3)
+        eng = Engine(SmallNet(10, width=8), EngineConfig(precision="fp32", lr=0.05, log_every=1, seed=0))
+        return eng, dl
+    eng, dl = make()
+    full = [h["loss"] for h in eng.fit(dl, steps=10, epochs=3)["history"]]
+    eng, dl = make()
+    eng.fit(dl, steps=4, epochs=3)
+    eng.save(tmp_path / "ck.pt", dl)
+    keys = torch.load(tmp_path / "ck.pt", weights_only=False)["model"].keys()
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in keys)
+    eng2, dl2 = make()
+    eng2.load(tmp_path / "ck.pt", dl2)
+    rest = [h["loss"] for h in eng2.fit(dl2, steps=10, epochs=3)["history"]]
+    assert rest == full[4:]
+
+
+def test_half_written_checkpoint_is_never_read(tmp_path):
+    eng = Engine(tiny_net(), EngineConfig(channels_last=False))
+    path = eng.save(tmp_path / "last.pt")
+    (tmp_path / "last.pt.tmp").write_bytes(b"partial")  # what a kill mid-save leaves
+    Engine(tiny_net(), EngineConfig(channels_last=False)).load(path)
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(EngineError, match="cannot read checkpoint"):
+        Engine(tiny_net(), EngineConfig(channels_last=False)).load(path)
+
+
+def test_activation_checkpointing_keeps_results_and_keys():
+    data = _fixed_batches(2, 8)
+    cfg = dict(precision="fp32", channels_last=False, log_every=1)
+    a = Engine(SmallNet(10, width=8), EngineConfig(**cfg))
+    torch.manual_seed(0)
+    b = Engine(copy.deepcopy(a.model), EngineConfig(checkpoint_blocks=("features",), **cfg))
+    la, lb = a.fit(data), b.fit(data)
+    assert [h["loss"] for h in la["history"]] == pytest.approx([h["loss"] for h in lb["history"]], rel=1e-5)
+    assert a.model.state_dict().keys() == b.model.state_dict().keys()
+    with pytest.raises(EngineError, match="top-level modules are"):
+        Engine(SmallNet(), EngineConfig(checkpoint_blocks=("nope",)))
+
+
+def test_compile_path_runs_and_checkpoints_have_clean_keys(tmp_path):
+    eng = Engine(tiny_net(), EngineConfig(compile="default", precision="fp32", channels_last=False, log_every=1))
+    report = eng.fit(_fixed_batches(3, 8))
+    assert report["steps"] == 3 and report["loss"] == report["loss"]
+    eng.save(tmp_path / "c.pt")
+    assert not any("_orig_mod" in k for k in torch.load(tmp_path / "c.pt", weights_only=False)["model"])
+
+
+def test_auto_batch_size_recovers_from_oom_and_keeps_margin():
+    calls = []
+
+    def step(bs):
+        calls.append(bs)
+        if bs >= 256:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        x = torch.randn(bs, 64)
+        (x @ x.T).sum()
+
+    best, curve = find_batch_size(step, torch.device("cpu"), BatchSearchConfig(start=16, max_batch=1024, steps=2))
+    assert curve[-1]["oom"] and curve[-1]["batch_size"] == 256
+    assert best in {16, 32, 64, 128} and 512 not in calls
+    with pytest.raises(EngineError, match="does not fit"):
+        find_batch_size(lambda bs: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")), torch.device("cpu"))
+
+
+def test_resnet18_of_our_own_trains_a_step():
+    eng = Engine(resnet18(10), EngineConfig(precision="bf16", log_every=1))
+    assert eng.fit(_fixed_batches(1, 4, size=64))["steps"] == 1
+
+
+@pytest.mark.parametrize("mode", ["ddp", "zero"])
+def test_torchrun_two_process_gloo_agrees_with_one_process(raw_cache, tmp_path, mode):
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": f"{here}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "OMP_NUM_THREADS": "1"}
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    worker = str(here / "ddp_worker.py")
+    subprocess.run([sys.executable, worker, str(raw_cache), str(one), "none", "16"], check=True, env=env)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                    str(29500 + (mode == "zero")), worker, str(raw_cache), str(two), mode, "16"],
+                   check=True, env=env, capture_output=True)
+    a, b = torch.load(one), torch.load(two)
+    for k in a["model"]:
+        assert torch.allclose(a["model"][k], b["model"][k], atol=1e-5), k
+    assert b["coverage"]["seen_all_ranks"] == a["coverage"]["seen"] == 48
