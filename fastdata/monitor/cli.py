@@ -1,0 +1,96 @@
+"""`fastdata doctor` and `fastdata monitor`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..errors import FastdataError
+
+
+def add_cli(sub, commands: dict) -> None:
+    p = sub.add_parser("doctor", help="run training for a bounded time and name the bottleneck",
+                       description="fastdata doctor --data CACHE [--model M]   or   fastdata doctor -- python train.py")
+    p.add_argument("--data", default=None)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--compile", default="off")
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--json", default=None)
+    p.add_argument("command", nargs="*", help="after --: your training command (it uses fastdata.monitor.doctor.Watch)")
+    commands["doctor"] = run_doctor_cli
+    p = sub.add_parser("monitor", help="live GPU counters: duty cycle, SM activity (GPM), memory, power")
+    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--count", type=int, default=0, help="lines to print (0: until Ctrl-C)")
+    commands["monitor"] = run_monitor
+
+
+def _wrapped(a):
+    from .doctor import diagnose
+    from .nvml import GpuSampler
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "report.json")
+        with GpuSampler() as sampler:
+            rc = subprocess.call(a.command, env={**os.environ, "FASTDATA_DOCTOR_REPORT": path})
+        if not os.path.exists(path):
+            raise FastdataError(f"`{' '.join(a.command)}` (exit {rc}) wrote no doctor report: wrap its loop in "
+                                f"fastdata.monitor.doctor.Watch (see `fastdata doctor --help`)")
+        m = json.loads(open(path).read())
+    m.update({k: round(v, 1) for k, v in sampler.summary().items() if k in ("duty_cycle", "sm_util")})
+    return diagnose(m)
+
+
+def _engine_run(a):
+    from ..data.select import make_loader, num_classes
+    from ..engine.config import EngineConfig
+    from ..engine.engine import Engine
+    from ..engine.models import resolve_model
+    from .doctor import run_doctor
+
+    engine = Engine(resolve_model(a.model, num_classes(a.data)),
+                    EngineConfig(precision=a.precision, compile=a.compile, log_every=10**6))
+    loader = make_loader(a.data, a.batch_size, backend=a.backend, image_size=a.image_size,
+                         device=str(engine.device))
+    return run_doctor(engine, loader, a.seconds)
+
+
+def run_doctor_cli(a) -> int:
+    if a.command:
+        diag = _wrapped(a)
+    elif a.data:
+        diag = _engine_run(a)
+    else:
+        raise FastdataError("doctor needs --data CACHE (runs the engine) or `-- python train.py` (your loop)")
+    print(diag.text())
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(diag.to_json(), f, indent=1)
+    return 0
+
+
+def run_monitor(a) -> int:
+    from .nvml import GpuSampler
+
+    s = GpuSampler()
+    if not s.available:
+        raise FastdataError(f"no GPU counters here: {s.reason}")
+    cols = ["duty_cycle", "sm_util", "sm_occupancy", "tensor_util", "dram_bw_util", "mem_used_gib", "power_w"]
+    print("  ".join(f"{c:>12}" for c in cols))
+    n = 0
+    with s:
+        try:
+            while a.count == 0 or n < a.count:
+                time.sleep(a.interval)
+                row = s.samples[-1] if s.samples else {}
+                print("  ".join(f"{row.get(c, float('nan')):12.1f}" for c in cols), flush=True)
+                n += 1
+        except KeyboardInterrupt:
+            pass
+    return 0

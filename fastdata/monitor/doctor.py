@@ -1,0 +1,152 @@
+"""`fastdata doctor`: where does step time go, what is the bottleneck, which fix first.
+
+Measured per run: data wait (host blocked in ``next(loader)``), host-to-
+device copy and GPU-busy share (profiler timeline), duty cycle and SM
+activity (NVML/GPM). The verdict is the first rule that holds:
+
+  input-bound     data wait >= 25% of wall time
+  h2d-bound       host-to-device copies cover >= 20% of wall time
+  launch-bound    GPU busy < 70% of wall time although data is ready
+  compute-bound   otherwise
+
+Fixes are ranked by the gain they can bring, estimated from the measured
+fractions (removing a stall of fraction f speeds up by 1 / (1 - f)) and,
+for compute-bound runs, from the ratios measured on an H200 with ResNet-50
+(bf16 vs fp32 2.1x, compile 1.46x).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+INPUT, H2D, LAUNCH, COMPUTE = "input-bound", "h2d-bound", "launch-bound", "compute-bound"
+
+
+@dataclass
+class Diagnosis:
+    verdict: str
+    measured: dict
+    fixes: list[tuple[str, float]] = field(default_factory=list)  # (what to do, expected speed-up)
+
+    def text(self) -> str:
+        m = self.measured
+        parts = [f"{k}={v:.0%}" if isinstance(v, float) and k.endswith(("frac", "busy", "h2d")) else f"{k}={v}"
+                 for k, v in m.items() if v is not None]
+        lines = [f"verdict: {self.verdict}", "measured: " + ", ".join(parts), "fixes, best first:"]
+        lines += [f"  {i}. {what} (expected up to {gain:.1f}x)" for i, (what, gain) in enumerate(self.fixes, 1)]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"verdict": self.verdict, "measured": self.measured, "fixes": self.fixes}
+
+
+def _gain(frac: float) -> float:
+    return 1.0 / max(1e-3, 1.0 - min(frac, 0.999))
+
+
+def diagnose(m: dict) -> Diagnosis:
+    """m: data_wait_frac, and where measured: h2d, gpu_busy, pinned, precision, compiled, cuda_graph."""
+    wait, h2d, busy = m.get("data_wait_frac", 0.0), m.get("h2d"), m.get("gpu_busy")
+    if wait >= 0.25:
+        g = _gain(wait)
+        return Diagnosis(INPUT, m, [
+            ("decode once: `fastdata build-cache`, then fastdata.loader (uint8 to the GPU, augment there)", g),
+            ("decode on the GPU: fastdata.decode_loader(backend='dali' or 'nvjpeg')", g),
+            ("more DataLoader workers, pin_memory=True: fastdata.dataloader(..., autotune_seconds=2)",
+             min(g, 2.0))])
+    if h2d is not None and h2d >= 0.2:
+        return Diagnosis(H2D, m, [
+            ("pin host memory (pin_memory=True / fastdata.loader's pinned ring) and copy non_blocking", _gain(h2d * 0.6)),
+            ("ship uint8 and normalise on the GPU: 4x fewer bytes than float32", _gain(h2d * 0.75))])
+    if busy is not None and busy < 0.7:
+        fixes = [("capture the step as a CUDA graph: EngineConfig(cuda_graph=True)", _gain(1 - busy))]
+        if not m.get("compiled"):
+            fixes.append(("torch.compile to fuse kernels: EngineConfig(compile='default')", min(1.46, _gain(1 - busy))))
+        fixes.append(("a larger batch (batch_size='auto') amortises launches", min(2.0, _gain(1 - busy))))
+        return Diagnosis(LAUNCH, m, fixes)
+    fixes = []
+    if m.get("precision", "fp32") in ("fp32", "tf32"):
+        fixes.append(("AMP bf16 + channels_last: EngineConfig(precision='bf16')", 2.1))
+    if not m.get("compiled"):
+        fixes.append(("torch.compile: EngineConfig(compile='default')", 1.46))
+    fixes.append(("batch size search: batch_size='auto' (throughput, not just fit)", 1.05))
+    return Diagnosis(COMPUTE, m, fixes)
+
+
+def run_doctor(engine, loader, seconds: float = 20.0, profile: bool = True) -> Diagnosis:
+    """Train for a bounded time with the engine, profile a few steps on GPU, diagnose."""
+    report = engine.fit(loader, time_limit=seconds, epochs=10**6, warmup_steps=3)
+    m = {"img_per_s": round(report["img_per_s"], 1), "data_wait_frac": report["data_wait_frac"],
+         "precision": engine.cfg.precision, "compiled": engine.cfg.compile != "off",
+         "cuda_graph": report["cuda_graph"]}
+    gpu = report.get("gpu", {})
+    m.update({k: round(gpu[k], 1) for k in ("duty_cycle", "sm_util") if k in gpu})
+    if profile and engine.device.type == "cuda":
+        it = iter(loader)
+
+        def step():
+            nonlocal it
+            try:
+                batch = next(it)
+            except StopIteration:
+                it = iter(loader)
+                batch = next(it)
+            images, labels = engine._prepare(batch)
+            engine._train_on(images, labels, 1, True)
+        m.update(profile_fractions(step))
+    return diagnose(m)
+
+
+def profile_fractions(step) -> dict:
+    from .profile import profile_steps
+
+    p = profile_steps(step, steps=8)
+    return {"gpu_busy": p["gpu_busy"], "h2d": p["h2d"]}
+
+
+class Watch:
+    """Doctor for your own loop: wrap the loader, mark steps, get a Diagnosis.
+
+        w = Watch()
+        for images, labels in w.loader(train_loader):
+            ...            # your step
+            w.step()
+        print(w.diagnosis().text())
+
+    Under `fastdata doctor -- python train.py`, the measurements are also written to
+    $FASTDATA_DOCTOR_REPORT when the process exits, for the wrapper to combine with NVML.
+    """
+
+    def __init__(self) -> None:
+        self.wait = 0.0
+        self.steps = 0
+        self.t0 = time.perf_counter()
+        path = os.environ.get("FASTDATA_DOCTOR_REPORT")
+        if path:
+            import atexit
+
+            atexit.register(lambda: open(path, "w").write(json.dumps(self.measured())))
+
+    def loader(self, iterable):
+        it = iter(iterable)
+        while True:
+            t = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            finally:
+                self.wait += time.perf_counter() - t
+            yield batch
+
+    def step(self) -> None:
+        self.steps += 1
+
+    def measured(self) -> dict:
+        wall = max(1e-9, time.perf_counter() - self.t0)
+        return {"data_wait_frac": min(1.0, self.wait / wall), "steps": self.steps, "wall_s": round(wall, 2)}
+
+    def diagnosis(self) -> Diagnosis:
+        return diagnose(self.measured())

@@ -1,0 +1,78 @@
+"""Monitor and doctor on CPU: planted bottlenecks are named, samplers degrade cleanly."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import fastdata
+from fastdata.data.augment import AugmentConfig
+from fastdata.engine.config import EngineConfig
+from fastdata.engine.engine import Engine
+from fastdata.engine.models import SmallNet
+from fastdata.monitor.doctor import COMPUTE, H2D, INPUT, LAUNCH, Watch, diagnose, run_doctor
+from fastdata.monitor.nvml import GpuSampler
+from fastdata.monitor.profile import _union
+
+
+class SlowDataset(Dataset):
+    """A planted input bottleneck: 20 ms per sample in one worker."""
+
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return torch.randn(3, 32, 32), i % 10
+
+
+def test_slow_dataset_is_input_bound():
+    eng = Engine(SmallNet(10, width=8), EngineConfig(precision="fp32", log_every=10**6))
+    diag = run_doctor(eng, DataLoader(SlowDataset(), 8, num_workers=1), seconds=2.0)
+    assert diag.verdict == INPUT and diag.measured["data_wait_frac"] > 0.5
+    assert "build-cache" in diag.fixes[0][0] and diag.fixes[0][1] > 2
+
+
+def test_fast_loader_with_a_model_is_not_input_bound(raw_cache):
+    dl = fastdata.loader(raw_cache, 32, device="cpu", augment=AugmentConfig(size=96))
+    eng = Engine(SmallNet(10, width=32), EngineConfig(precision="fp32", log_every=10**6))
+    diag = run_doctor(eng, dl, seconds=3.0)
+    assert diag.verdict == COMPUTE, diag.text()
+    assert diag.fixes[0][0].startswith("AMP bf16")
+
+
+def test_rules_for_gpu_measurements():
+    assert diagnose({"data_wait_frac": 0.05, "h2d": 0.4, "gpu_busy": 0.9}).verdict == H2D
+    d = diagnose({"data_wait_frac": 0.02, "h2d": 0.01, "gpu_busy": 0.35, "compiled": False})
+    assert d.verdict == LAUNCH and "CUDA graph" in d.fixes[0][0] and abs(d.fixes[0][1] - 1 / 0.35) < 1e-6
+    assert diagnose({"data_wait_frac": 0.02, "h2d": 0.01, "gpu_busy": 0.97}).verdict == COMPUTE
+
+
+def test_watch_measures_a_users_loop():
+    w = Watch()
+    for _ in w.loader(DataLoader(SlowDataset(), 4, num_workers=0)):
+        torch.randn(64, 64) @ torch.randn(64, 64)
+        w.step()
+        if w.steps == 10:
+            break
+    assert w.diagnosis().verdict == INPUT and w.measured()["steps"] == 10
+
+
+def test_sampler_degrades_without_nvml():
+    s = GpuSampler()
+    with s:
+        time.sleep(0.05)
+    if not s.available:
+        assert "NVML unavailable" in s.summary()["reason"]
+
+
+def test_interval_union():
+    assert _union([(0, 2), (1, 3), (5, 6)]) == 4
+
+
+def test_doctor_cli_without_target_says_what_to_do():
+    r = subprocess.run([sys.executable, "-m", "fastdata.cli", "doctor"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--data CACHE" in r.stderr
