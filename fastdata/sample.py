@@ -141,4 +141,17 @@ def make_corrupt_zoo(dest: str | Path, good: np.ndarray) -> dict[str, str]:
     save("exif_rotated.jpg", img, "JPEG", exif=exif.tobytes())
     save("tiny.png", img.resize((1, 1)), "PNG")
     save("bmp.bmp", img, "BMP")
+    png = io.BytesIO()
+    img.save(png, format="PNG")
+    pb = png.getvalue()
+    put("truncated.png", pb[: len(pb) // 2], "bad")
+    bad_crc = bytearray(pb)
+    bad_crc[40] ^= 0xFF  # inside the first IDAT chunk
+    put("bad_crc.png", bytes(bad_crc), "bad")
+    put("soi_only.jpg", b"\xff\xd8", "bad")
+    put("zip.jpg", b"PK\x03\x04" + b"\0" * 100, "bad")
+    put("html.png", b"<html><body>404 not found</body></html>", "bad")
+    bomb = io.BytesIO()
+    Image.new("1", (20000, 20000)).save(bomb, format="PNG")  # 400 Mpx: over PIL's bomb limit
+    put("bomb.png", bomb.getvalue(), "bad")
     return expect

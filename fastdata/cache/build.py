@@ -134,7 +134,12 @@ def build_shard(task) -> tuple[int, object, list[dict], str | None]:
         if _progress is not None and (n % 8 == 0 or n == len(items)):
             with _progress.get_lock():
                 _progress.value += 8 if n % 8 == 0 else n % 8
-    return index, (writer.close() if writer.count else None), quarantined, None
+    try:
+        return index, (writer.close() if writer.count else None), quarantined, None
+    except OSError as e:  # disk full, DEST removed or made read-only mid-build
+        writer.tmp.unlink(missing_ok=True)
+        return index, None, [], (f"{writer.path}: cannot write shard ({e.strerror or e}); free space or fix "
+                                 f"permissions in {dest}, then rerun the same command to resume")
 
 
 @contextlib.contextmanager
@@ -165,6 +170,8 @@ def _run(cfg: BuildConfig, dest: Path, items: tuple[Item, ...], journal: Journal
             total=len(items), initial=done_before, unit="img", disable=not cfg.progress,
             desc=f"build {dest.name}", dynamic_ncols=True, smoothing=0.05) as bar:
         for index, info, quarantined, error in shard_map(tasks):
+            if error and "cannot write shard" in error:
+                raise BuildError(error)
             if error:
                 raise BuildError(f"{error}; fix or remove the file, or rerun with --on-error quarantine "
                                  f"(finished shards are kept and the rerun resumes)")

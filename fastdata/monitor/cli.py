@@ -38,7 +38,11 @@ def _wrapped(a):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "report.json")
         with GpuSampler() as sampler:
-            rc = subprocess.call(a.command, env={**os.environ, "FASTDATA_DOCTOR_REPORT": path})
+            try:
+                rc = subprocess.call(a.command, env={**os.environ, "FASTDATA_DOCTOR_REPORT": path})
+            except OSError as e:
+                raise FastdataError(f"cannot run `{' '.join(a.command)}`: {e.strerror or e}; give the training "
+                                    f"command after --, e.g. fastdata doctor -- python train.py") from e
         if not os.path.exists(path):
             raise FastdataError(f"`{' '.join(a.command)}` (exit {rc}) wrote no doctor report: wrap its loop in "
                                 f"fastdata.monitor.doctor.Watch (see `fastdata doctor --help`)")
