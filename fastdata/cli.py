@@ -129,6 +129,9 @@ COMMANDS = {"build-cache": _cmd_build, "verify": _cmd_verify, "info": _cmd_info,
 
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if any("\x00" in x for x in argv):
+        ap.error("an argument contains a NUL byte; no path or option can contain one")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, format="%(name)s: %(message)s")
     if a.cmd == "stage" and not a.remove and not a.cache:

@@ -37,3 +37,32 @@ def check_resume(make_loader, stop_after: int) -> None:
     assert len(np.unique(joined)) == len(joined), "a sample was yielded twice"
     cov = second.coverage()
     assert cov["repeated"] == 0 and cov["seen"] == len(joined)
+
+
+def kill_build_after(cmd: list[str], dest, shards_done: int, extra_s: float) -> bool:
+    """Start a build, wait until its journal records `shards_done` shards, wait `extra_s` more, then
+    kill -9 the build and its workers. True if the build was left unfinished."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    journal = dest / ".build" / "journal.json"
+    deadline = time.time() + 60
+    while proc.poll() is None and time.time() < deadline:
+        try:
+            if len(json.loads(journal.read_text())["shards"]) >= shards_done:
+                break
+        except (OSError, ValueError, KeyError):
+            if shards_done == 0:
+                break
+        time.sleep(0.005)
+    time.sleep(extra_s)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    return not (dest / "manifest.json").exists()
