@@ -57,19 +57,23 @@ def main() -> None:
     try:
         src = make_image_folder(tmp / "src", a.per_class, photos_dir=a.photos)
         files = sorted(src.rglob("*.jpg"))
-        sub = files[:: max(1, len(files) // 200)]
-        plain = plain_pil_rate(sub, a.size)
+        sub = files[:: max(1, len(files) // 400)]
+        for p in files:  # warm the page cache: every row reads from memory
+            p.read_bytes()
+        plain = max(plain_pil_rate(sub, a.size) for _ in range(2))
         rows = [{"what": "plain PIL decode+resize, 1 process", "img/s": plain, "img/s/core": plain}]
         for encode in ("raw", "jpeg"):
-            own = codec_rate(sub, a.size, encode)
-            res = build_cache(BuildConfig(str(src), str(tmp / f"c-{encode}"), encode=encode, size=a.size,
-                                          workers=workers, progress=False))
-            rate = res.written / res.seconds
+            own = max(codec_rate(sub, a.size, encode) for _ in range(2))
+            rate = 0.0
+            for rep in range(2):  # best of two: this VM's CPU speed varies from run to run
+                res = build_cache(BuildConfig(str(src), str(tmp / f"c-{encode}-{rep}"), encode=encode,
+                                              size=a.size, workers=workers, progress=False))
+                rate = max(rate, res.written / res.seconds)
             rows.append({"what": f"fastdata codec ({encode}), 1 process", "img/s": own, "img/s/core": own})
             rows.append({"what": f"build-cache --encode {encode}, {workers} workers", "img/s": rate,
                          "img/s/core": rate / workers, "vs plain x workers": f"{rate / (plain * workers):.0%}"})
         notes = (f"{len(files)} JPEGs of 500x375 (q90) made from skimage/sklearn photos; size {a.size}, "
-                 f"h5 shards. Goal: build >= 90% of plain-PIL per-core rate x workers. The codec uses "
+                 f"h5 shards, page cache warm, best of two runs per row. Goal: build >= 90% of plain-PIL per-core rate x workers. The codec uses "
                  f"libjpeg DCT-domain downscaling (PIL draft), which is why it beats plain PIL per core.")
         write("build", rows, ["what", "img/s", "img/s/core", "vs plain x workers"], notes,
               Path(a.out) if a.out else None)

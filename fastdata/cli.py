@@ -85,11 +85,13 @@ def _cmd_info(a) -> int:
 def _cmd_stage(a) -> int:
     from .cache.stage import stage_cache, unstage
 
-    if a.remove:
-        unstage(a.target)
-        print(f"removed {a.target}")
+    if a.remove and len(a.paths) == 1:
+        unstage(a.paths[0])
+        print(f"removed {a.paths[0]}")
+    elif not a.remove and len(a.paths) == 2:
+        print(stage_cache(*a.paths))
     else:
-        print(stage_cache(a.cache, a.target))
+        raise FastdataError("stage takes CACHE TARGET (copy) or --remove TARGET (delete a staged copy)")
     return 0
 
 
@@ -110,9 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("cache")
     p = sub.add_parser("info", help="print the manifest summary")
     p.add_argument("cache")
-    p = sub.add_parser("stage", help="copy a cache to tmpfs (or --remove a staged copy)")
-    p.add_argument("cache", nargs="?")
-    p.add_argument("target")
+    p = sub.add_parser("stage", help="copy a cache to tmpfs: stage CACHE TARGET, or stage --remove TARGET")
+    p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--remove", action="store_true")
     p = sub.add_parser("merge", help="join caches built with --part into OUT")
     p.add_argument("out")
@@ -134,8 +135,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("an argument contains a NUL byte; no path or option can contain one")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, format="%(name)s: %(message)s")
-    if a.cmd == "stage" and not a.remove and not a.cache:
-        ap.error("stage needs CACHE TARGET (or TARGET --remove)")
     from . import cli_more
 
     fn = COMMANDS.get(a.cmd) or cli_more.COMMANDS[a.cmd]

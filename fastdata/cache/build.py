@@ -30,7 +30,8 @@ from .sources import Item, discover, partition
 from .writers import WRITERS
 
 log = logging.getLogger("fastdata.build")
-MIN_SHARDS = 64         # small data sets are still cut into enough shards to keep 64 workers busy
+MIN_SHARDS = 64         # large data sets are cut into >= 64 shards to keep 64 workers busy; small ones
+#                         keep >= 64 items a shard, since each shard costs a file, fsyncs and a checksum
 JPEG_RATIO = 10         # bytes estimate for cutting JPEG shards: raw size / 10 at quality ~90
 
 
@@ -101,13 +102,13 @@ class BuildResult:
 
 def items_per_shard(cfg: BuildConfig, n_items: int) -> int:
     """Inputs per shard: the byte bound divided by an estimate of the stored sample size,
-    capped so that even small data sets make MIN_SHARDS shards. Depends on settings and n only."""
+    capped so that big data sets make at least MIN_SHARDS shards. Depends on settings and n only."""
     if cfg.encode == "bytes":
         per_item = 64 * 1024
     else:
         per_item = cfg.size * cfg.size * 3 // (JPEG_RATIO if cfg.encode == "jpeg" else 1)
     by_bytes = max(1, parse_size(cfg.shard_size) // max(1, per_item))
-    return max(1, min(by_bytes, max(16, math.ceil(n_items / MIN_SHARDS))))
+    return max(1, min(by_bytes, max(64, math.ceil(n_items / MIN_SHARDS))))
 
 
 _progress = None  # per-worker shared counter, set by the pool initializer

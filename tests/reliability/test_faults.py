@@ -71,13 +71,13 @@ def test_disk_full_mid_build_is_clear_and_resumable(image_folder, tmp_path, monk
     monkeypatch.setattr(writers.H5ShardWriter, "_write", full_disk)
     dest = tmp_path / "c"
     with pytest.raises(BuildError, match="No space left on device.*rerun the same command to resume"):
-        build(image_folder, dest, workers=0)
+        build(image_folder, dest, workers=0, shard_size="60KB")
     journal = json.loads((dest / ".build" / "journal.json").read_text())
     assert len(journal["shards"]) == 2 and not list(dest.glob("*.tmp"))
     monkeypatch.setattr(writers.H5ShardWriter, "_write", real)
-    resumed = build(image_folder, dest, workers=0)
+    resumed = build(image_folder, dest, workers=0, shard_size="60KB")
     assert resumed.resumed_shards == 2
-    build(image_folder, tmp_path / "clean", workers=0)
+    build(image_folder, tmp_path / "clean", workers=0, shard_size="60KB")
     assert _hashes(dest) == _hashes(tmp_path / "clean")
 
 
