@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..data.augment import AugmentConfig, normalize
-from ..data.batch import Batch, Coverage
+from ..data.batch import Batch, Coverage, Resumable
 from ..data.order import OrderConfig, SampleOrder
 from ..errors import DependencyError, LoaderError
 from .crop import crop_box
@@ -49,7 +49,7 @@ def _pil_decode(data: np.ndarray, rng: np.random.Generator, cfg: AugmentConfig) 
     return np.asarray(img.resize((cfg.size, cfg.size), Image.BILINEAR, box=(left, t, left + w, t + h)))
 
 
-class DecodeLoader:
+class DecodeLoader(Resumable):
     def __init__(self, source: EncodedSource, cfg: DecodeConfig) -> None:
         if cfg.decoder == "nvjpeg":
             try:
@@ -65,19 +65,6 @@ class DecodeLoader:
         self.order = SampleOrder(source.shard_counts, cfg.batch_size, ocfg, cfg.drop_last)
         self.coverage_audit = Coverage(len(source))
         self.source = f"{cfg.decoder}-{source.kind}"   # names the backend in every Batch
-
-    def __len__(self) -> int:
-        return self.order.batches_per_epoch()
-
-    def state_dict(self) -> dict:
-        return {"order": self.order.state_dict(), "coverage": self.coverage_audit.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.order.load_state_dict(state["order"])
-        self.coverage_audit.load_state_dict(state["coverage"])
-
-    def coverage(self) -> dict:
-        return self.coverage_audit.report()
 
     def _rng(self, batch_no: int) -> np.random.Generator:
         return np.random.default_rng([self.cfg.seed, self.order.epoch, batch_no])
@@ -122,9 +109,7 @@ class DecodeLoader:
         return Batch(images, labels.to(self.device, dtype=torch.int64), torch.from_numpy(idx), self.source)
 
     def __iter__(self):
-        batches = self.order.epoch_batches()
-        if self.order.position == 0:
-            self.coverage_audit.reset(self.order.epoch)
+        batches = self._epoch_batches()
         first = self.order.position // self.cfg.batch_size
         with ThreadPoolExecutor(self.cfg.threads, thread_name_prefix="fastdata-decode") as pool:
             futures = [pool.submit(self._read, b, first + k) for k, b in enumerate(batches[:self.cfg.prefetch])]
@@ -134,7 +119,6 @@ class DecodeLoader:
                     futures.append(pool.submit(self._read, batches[k + self.cfg.prefetch], first + k + self.cfg.prefetch))
                 futures[k] = None
                 batch = self._batch(item, idx)
-                self.order.advance(len(idx))
-                self.coverage_audit.add(idx)
+                self._yielded(idx)
                 yield batch
         self.order.next_epoch()

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..data.augment import AugmentConfig
-from ..data.batch import Batch, Coverage
+from ..data.batch import Batch, Coverage, Resumable
 from ..data.order import OrderConfig, SampleOrder
 from ..errors import DependencyError, LoaderError
 from .source import EncodedSource
@@ -98,7 +98,7 @@ def _to_torch(tl, device: torch.device) -> torch.Tensor:
     return out
 
 
-class DaliLoader:
+class DaliLoader(Resumable):
     def __init__(self, source: EncodedSource, cfg: DaliConfig) -> None:
         dali, fn, types = _dali()
         gpu = torch.cuda.is_available() if cfg.device == "auto" else cfg.device.startswith("cuda")
@@ -119,23 +119,8 @@ class DaliLoader:
         pipe.build()
         self.pipe = pipe
 
-    def __len__(self) -> int:
-        return self.order.batches_per_epoch()
-
-    def state_dict(self) -> dict:
-        return {"order": self.order.state_dict(), "coverage": self.coverage_audit.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.order.load_state_dict(state["order"])
-        self.coverage_audit.load_state_dict(state["coverage"])
-
-    def coverage(self) -> dict:
-        return self.coverage_audit.report()
-
     def __iter__(self):
-        batches = self.order.epoch_batches()
-        if self.order.position == 0:
-            self.coverage_audit.reset(self.order.epoch)
+        batches = self._epoch_batches()
         self._feeder.start(batches)
         aug = self.cfg.augment
         fmt = torch.channels_last if aug.channels_last else torch.contiguous_format
@@ -143,7 +128,6 @@ class DaliLoader:
             images, labels = self.pipe.run()
             x = _to_torch(images, self.device).to(dtype=getattr(torch, aug.dtype), memory_format=fmt)
             y = _to_torch(labels, self.device).view(-1)
-            self.order.advance(len(idx))
-            self.coverage_audit.add(idx)
+            self._yielded(idx)
             yield Batch(x, y, torch.from_numpy(idx), self.source)
         self.order.next_epoch()

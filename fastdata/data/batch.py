@@ -59,3 +59,37 @@ class Coverage:
         seen = np.unpackbits(np.frombuffer(state["seen"], np.uint8))[:n].astype(np.uint16)
         rep = np.unpackbits(np.frombuffer(state["repeated"], np.uint8))[:n].astype(np.uint16)
         self.counts, self.epoch = seen + rep, int(state["epoch"])
+
+
+class Resumable:
+    """What every loader shares: a SampleOrder, the coverage audit, state_dict() and epoch bookkeeping.
+
+    Subclasses set ``self.order`` and ``self.coverage_audit``, call ``_epoch_batches()`` at the start
+    of __iter__, ``_yielded(idx)`` for each batch handed out and ``order.next_epoch()`` at the end.
+    """
+
+    order: object
+    coverage_audit: Coverage
+
+    def __len__(self) -> int:
+        return self.order.batches_per_epoch()
+
+    def state_dict(self) -> dict:
+        return {"order": self.order.state_dict(), "coverage": self.coverage_audit.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order.load_state_dict(state["order"])
+        self.coverage_audit.load_state_dict(state["coverage"])
+
+    def coverage(self) -> dict:
+        """This rank's audit for the current epoch: samples seen, repeated, missed."""
+        return self.coverage_audit.report()
+
+    def _epoch_batches(self) -> list:
+        if self.order.position == 0:
+            self.coverage_audit.reset(self.order.epoch)
+        return self.order.epoch_batches()
+
+    def _yielded(self, idx) -> None:
+        self.order.advance(len(idx))
+        self.coverage_audit.add(idx)

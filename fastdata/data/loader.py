@@ -24,7 +24,7 @@ import torch
 
 from ..errors import CacheFormatError, LoaderError
 from .augment import AugmentConfig, augment_batch
-from .batch import Batch, Coverage
+from .batch import Batch, Coverage, Resumable
 from .order import OrderConfig, SampleOrder
 from .reader import Cache, open_cache
 from .fill import fill_batch
@@ -62,7 +62,7 @@ def _rank_world(cfg: LoaderConfig) -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-class FastLoader:
+class FastLoader(Resumable):
     """Iterable over Batch; one pass is one epoch. Resumable via state_dict()."""
 
     def __init__(self, cache: Cache, cfg: LoaderConfig) -> None:
@@ -80,20 +80,6 @@ class FastLoader:
         self.source = f"cache-{m.kind}"
         self._gen = torch.Generator(device=self.device)
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-
-    def __len__(self) -> int:
-        return self.order.batches_per_epoch()
-
-    def state_dict(self) -> dict:
-        return {"order": self.order.state_dict(), "coverage": self.coverage_audit.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.order.load_state_dict(state["order"])
-        self.coverage_audit.load_state_dict(state["coverage"])
-
-    def coverage(self) -> dict:
-        """This rank's audit for the current epoch: samples seen, repeated, missed."""
-        return self.coverage_audit.report()
 
     def _slots(self, n: int) -> list[dict]:
         shape = (self.cfg.batch_size, *self.cache.sample_shape)
@@ -125,9 +111,7 @@ class FastLoader:
         return Batch(images, labels, torch.from_numpy(indices), self.source)
 
     def __iter__(self):
-        batches = self.order.epoch_batches()
-        if self.order.position == 0:
-            self.coverage_audit.reset(self.order.epoch)
+        batches = self._epoch_batches()
         first = self.order.position // self.cfg.batch_size
         cpu = self._stream is None
         nslots = self.cfg.prefetch + 2
@@ -163,8 +147,7 @@ class FastLoader:
         idx, images, labels = item
         batch_no = self.order.position // self.cfg.batch_size
         batch = self._finish(images, labels, idx, batch_no)
-        self.order.advance(len(idx))
-        self.coverage_audit.add(idx)
+        self._yielded(idx)
         yield batch
 
     def _wait(self, fut, batch_no: int) -> None:
