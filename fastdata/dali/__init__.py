@@ -38,16 +38,17 @@ def choose_backend(backend: str) -> str:
 
 def decode_loader(path, batch_size: int, *, backend: str = "auto", image_size: int = 224, seed: int = 0,
                   device: str = "auto", dtype: str = "float32", train: bool = True, rank: int | None = None,
-                  world_size: int | None = None, **options):
+                  world_size: int | None = None, augment: AugmentConfig | None = None, **options):
     """A loader that decodes JPEGs (image folder or JPEG cache) with the chosen backend.
 
     dali: DALI pipeline, device "mixed" on GPU / "cpu" without; nvjpeg: torchvision.io.decode_jpeg on
     the GPU; cpu: DALI's CPU pipeline when installed, else PIL in threads. Batch.source says which ran.
+    augment, if given, replaces the AugmentConfig built from image_size/dtype/train.
     """
     from ..data.loader import _rank_world, LoaderConfig
     from .source import EncodedSource
 
-    aug = AugmentConfig(size=image_size, dtype=dtype, train=train)
+    aug = augment or AugmentConfig(size=image_size, dtype=dtype, train=train)
     r, w = _rank_world(LoaderConfig(batch_size, rank=rank, world_size=world_size))
     source = EncodedSource(path)
     chosen = choose_backend(backend)

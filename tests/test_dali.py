@@ -1,0 +1,84 @@
+"""DALI CPU pipeline (nvidia-dali-cuda120 runs CPU pipelines with device_id=None) and the PIL fallback."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fastdata.cache.codecs import CodecConfig, decode
+from fastdata.dali import choose_backend, decode_loader
+from fastdata.data.augment import AugmentConfig, normalize
+from fastdata.errors import LoaderError
+
+from helpers import check_resume, epoch_indices
+
+pytest.importorskip("nvidia.dali")
+EVAL = dict(augment=AugmentConfig(size=64, train=False, crop_fraction=1.0), shuffle=False, device="cpu")
+
+
+def _pil_reference(image_folder, size=64) -> tuple[torch.Tensor, list[int]]:
+    from fastdata.cache.sources import discover
+
+    items = discover(image_folder).items
+    pix = np.stack([np.asarray(decode(open(it.path, "rb").read(), CodecConfig(size=size, draft=False)))
+                    for it in items])
+    ref = normalize(torch.from_numpy(pix), AugmentConfig(size=size, channels_last=False))
+    return ref, [it.label for it in items]
+
+
+@pytest.mark.parametrize("backend", ["dali", "cpu"])
+def test_center_crop_matches_pil_reference(image_folder, backend):
+    ref, labels = _pil_reference(image_folder)
+    batches = list(decode_loader(image_folder, 16, backend=backend, **EVAL))
+    assert batches[0].source.startswith("dali-cpu")
+    images = torch.cat([b.images.float() for b in batches])
+    got_labels = torch.cat([b.labels for b in batches])
+    assert images.shape == ref.shape and got_labels.dtype == torch.int64
+    assert got_labels.tolist() == labels
+    diff = (images - ref).abs()
+    assert diff.mean() < 0.08 and diff.median() < 0.05  # different resize filters, same picture
+
+
+def test_pil_fallback_matches_reference(image_folder, monkeypatch):
+    import fastdata.dali as dali_mod
+
+    monkeypatch.setattr(dali_mod, "dali_available", lambda: False)
+    ref, labels = _pil_reference(image_folder)
+    batches = list(decode_loader(image_folder, 16, backend="cpu", **EVAL))
+    assert batches[0].source == "pil-files"
+    images = torch.cat([b.images.float().contiguous() for b in batches])
+    assert torch.cat([b.labels for b in batches]).tolist() == labels
+    assert (images - ref).abs().mean() < 0.08
+
+
+def test_cache_source_and_file_source_agree(image_folder, jpeg_cache):
+    kw = dict(backend="dali", **EVAL)
+    files = torch.cat([b.images for b in decode_loader(image_folder, 16, **kw)])
+    cache = torch.cat([b.images for b in decode_loader(jpeg_cache, 16, **kw)])
+    assert files.shape == cache.shape
+    assert (files - cache).abs().mean() < 0.1  # the cache holds a quality-95 re-encode at 64 px
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_rank_split_complete_and_equal(image_folder, world):
+    per = [np.concatenate(epoch_indices(decode_loader(image_folder, 8, backend="dali", image_size=32, device="cpu",
+                                                      rank=r, world_size=world))) for r in range(world)]
+    assert {len(p) for p in per} == {120 // world}
+    joined = np.concatenate(per)
+    assert len(np.unique(joined)) == len(joined) == 120 - 120 % world
+
+
+def test_train_mode_shapes_and_resume(image_folder):
+    make = lambda: decode_loader(image_folder, 8, backend="dali", image_size=32, device="cpu", seed=5)  # noqa: E731
+    b = next(iter(make()))
+    assert b.images.shape == (8, 3, 32, 32) and b.images.is_contiguous(memory_format=torch.channels_last)
+    check_resume(make, 5)
+
+
+def test_raw_cache_is_refused_with_advice(raw_cache):
+    with pytest.raises(LoaderError, match="needs no decoding"):
+        decode_loader(raw_cache, 8, backend="dali", device="cpu")
+
+
+def test_auto_backend_prefers_dali():
+    assert choose_backend("auto") == "dali"
