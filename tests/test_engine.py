@@ -131,9 +131,16 @@ def test_activation_checkpointing_keeps_results_and_keys():
 
 
 def test_compile_path_runs_and_checkpoints_have_clean_keys(tmp_path):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     eng = Engine(tiny_net(), EngineConfig(compile="default", precision="fp32", channels_last=False, log_every=1))
-    report = eng.fit(_fixed_batches(3, 8))
-    assert report["steps"] == 3 and report["loss"] == report["loss"]
+    data = _fixed_batches(3, 8) + [(torch.randn(3, 3, 32, 32), torch.randint(0, 10, (3,)))]  # partial last
+    counts = torch._dynamo.utils.counters
+    report = eng.fit(data)
+    assert report["steps"] == 4 and report["loss"] == report["loss"]
+    assert counts["stats"]["unique_graphs"] == 1  # compiled once; the partial batch ran eagerly
     eng.save(tmp_path / "c.pt")
     assert not any("_orig_mod" in k for k in torch.load(tmp_path / "c.pt", weights_only=False)["model"])
 

@@ -71,6 +71,10 @@ class Engine:
         fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
         model = model.to(self.device, memory_format=fmt)
         apply_activation_checkpointing(model, cfg.checkpoint_blocks)
+        # a compiled model meeting a new batch shape (the last partial batch) would recompile, or switch
+        # to slower dynamic-shape kernels; such batches run through the eager module (same parameters)
+        self._eager = model if cfg.compile != "off" and not self.distributed else None
+        self._compiled_shape = None
         self.model, self.optimizer = wrap(compile_model(model, cfg.compile), cfg, self.device, self.distributed)
         self.scaler = make_scaler(cfg, self.device)
         self.step = TrainStep(self.model, self.optimizer, self.scaler, cfg, self.device)
@@ -100,8 +104,11 @@ class Engine:
             self.step.state.micro_steps += 1  # the replay added one loss to the device-side sum
             return
         sync = self.model.no_sync() if self.distributed and not last else contextlib.nullcontext()
+        if self._eager is not None and self._compiled_shape is None:
+            self._compiled_shape = tuple(images.shape)
+        eager = self._eager if self._eager is not None and tuple(images.shape) != self._compiled_shape else None
         with sync:
-            self.step.micro(images, labels, window)
+            self.step.micro(images, labels, window, model=eager)
         if last:
             self.step.apply()
 

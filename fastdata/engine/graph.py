@@ -23,7 +23,7 @@ log = logging.getLogger("fastdata.engine")
 def compile_model(model: nn.Module, mode: str) -> nn.Module:
     if mode == "off":
         return model
-    return torch.compile(model, mode=None if mode == "default" else mode)
+    return torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -67,10 +67,11 @@ class TrainStep:
         self.model, self.optimizer, self.scaler, self.cfg, self.device = model, optimizer, scaler, cfg, device
         self.state = StepState.zeros(device)
 
-    def micro(self, images: torch.Tensor, labels: torch.Tensor, window: int) -> None:
-        """Backward of loss / window; gradients accumulate until apply()."""
+    def micro(self, images: torch.Tensor, labels: torch.Tensor, window: int, model: nn.Module | None = None) -> None:
+        """Backward of loss / window; gradients accumulate until apply(). `model` overrides the module
+        used for this micro-batch (the eager twin of a compiled model, sharing its parameters)."""
         with autocast(self.cfg, self.device):
-            loss = F.cross_entropy(self.model(images), labels)
+            loss = F.cross_entropy((model or self.model)(images), labels)
         self.scaler.scale(loss / window).backward()
         detached = loss.detach().float()
         self.state.loss_sum.add_(torch.nan_to_num(detached, nan=0.0, posinf=0.0, neginf=0.0))
