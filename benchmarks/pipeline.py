@@ -198,15 +198,16 @@ def main() -> None:
 def report(a, rows: list[dict], info: dict, out: Path | None) -> Path:
     rows = [dict(r) for r in rows]
     base = rows[0]["img/s"] or 1.0
-    ceiling = max([r["img/s"] for r in rows if r["row"].startswith("ceiling")] or [1.0])
+    ceiling = max([r["img/s"] for r in rows if r["row"].startswith("ceiling")] or [0.0])
     for r in rows:
         r["speed-up"] = f"{r['img/s'] / base:.1f}x"
-        r["vs ceiling"] = f"{r['img/s'] / ceiling:.1%}"
+        r["vs ceiling"] = f"{r['img/s'] / ceiling:.1%}" if ceiling else "(no ceiling yet)"
     best = max((r for r in rows if r["row"][0].isdigit()), key=lambda r: r["img/s"])
-    notes = (f"{a.per_class * 10} JPEGs (~500x375, q90, from skimage/sklearn photos), ResNet-50 "
-             f"(torchvision), batch {a.batch_size}, {a.seconds:.0f} s timed per row after 8 warm-up steps. "
+    notes = (f"{a.per_class * 10} JPEGs (~500x375, q90, from skimage/sklearn photos), {a.model} "
+             f"batch {a.batch_size}, {a.seconds:.0f} s timed per row after 8 warm-up steps. "
              f"Best real-data row: {best['row']} at {best['img/s']:.0f} img/s = "
-             f"{best['img/s'] / ceiling:.1%} of the ceiling and {best['img/s'] / base:.1f}x row 1.\n\n"
+             + (f"{best['img/s'] / ceiling:.1%} of the ceiling and " if ceiling else "")
+             + f"{best['img/s'] / base:.1f}x row 1.\n\n"
              f"Builds: {info['raw_build']}; {info['jpeg_build']}.\nBatch-size curve: "
              + ", ".join(f"{c['batch_size']}: {c['img_per_s']:.0f}" for c in info.get("batch_curve", []))
              + "\n\nLoader alone, img/s to the GPU: "
