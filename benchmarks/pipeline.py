@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from _common import tag, write
+from _common import write
 
 log = logging.getLogger("pipeline")
 COLS = ["row", "img/s", "speed-up", "vs ceiling", "duty cycle %", "SM activity %", "data wait", "note"]
@@ -132,7 +132,7 @@ def run(a, save) -> tuple[list[dict], dict]:
     accum = max(1, best // bs)
     e5 = Engine(e4.model, EngineConfig(precision="bf16", accum_steps=accum, log_every=1000), dev)
     rows.add(f"5 + batch search (best {best}): accumulate {accum} x {bs}", lambda: e5.fit(tuned, **fit))
-    del tuned
+    tuned = None  # drop the persistent workers: they would compete with the rows below
     raw_dl = fastdata.loader(raw, bs, device=str(dev), augment=aug, threads=8)
     rows.add("6a fastdata raw cache + GPU loader", lambda: e4.fit(raw_dl, **fit))
     dl6 = decode_loader(jpeg, bs, backend=a.backend, dtype="bfloat16", threads=8)

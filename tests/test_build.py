@@ -1,7 +1,6 @@
 """Write side: round trip, resume after kill -9, corrupt inputs, checksums, locking, parts, staging."""
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -14,10 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata.cache.build import BuildConfig, build_cache
 from fastdata.cache.codecs import CodecConfig, decode
 from fastdata.cache.format import FORMAT_VERSION, load_manifest
-from fastdata.cache.journal import BuildLock
 from fastdata.cache.merge import merge_caches
 from fastdata.cache.stage import stage_cache, unstage
 from fastdata.cache.verify import verify_cache
