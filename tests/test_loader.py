@@ -19,12 +19,13 @@ def _reference(cache) -> dict[int, tuple[np.ndarray, int]]:
     return {i: (ds[i][0].numpy(), ds[i][1]) for i in range(len(ds))}
 
 
-@pytest.mark.parametrize("cache_name", ["raw_cache", "pt_cache", "jpeg_cache"])
-def test_loader_matches_reference_pixels_and_samples(cache_name, request):
+@pytest.mark.parametrize("cache_name,read", [("raw_cache", "mmap"), ("raw_cache", "pread"), ("pt_cache", "mmap"),
+                                             ("pt_cache", "pread"), ("jpeg_cache", "mmap")])
+def test_loader_matches_reference_pixels_and_samples(cache_name, read, request):
     cache = request.getfixturevalue(cache_name)
     ref = _reference(cache)
     got = {}
-    for b in fastdata.loader(cache, 16, device="cpu", seed=3):
+    for b in fastdata.loader(cache, 16, device="cpu", seed=3, read=read):
         for img, lab, idx in zip(b.images, b.labels, b.indices.tolist()):
             assert idx not in got
             got[idx] = (img.numpy(), int(lab))
@@ -171,6 +172,11 @@ def test_cache_replaced_under_running_loader_is_detected(image_folder, tmp_path)
     with pytest.raises(CacheFormatError, match="changed on disk"):
         for _ in it:
             pass
+
+
+def test_unknown_read_mode_is_refused(raw_cache):
+    with pytest.raises(LoaderError, match="choose mmap or pread"):
+        fastdata.loader(raw_cache, 8, device="cpu", read="o_direct")
 
 
 def test_resume_state_from_other_settings_is_refused(raw_cache):

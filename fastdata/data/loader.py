@@ -41,6 +41,7 @@ class LoaderConfig:
     threads: int = 4                 # reader threads (index_select / JPEG decode release the GIL)
     prefetch: int = 6                # batches being read ahead
     window: int = 16384
+    read: str = "mmap"               # raw caches: mmap (one gather per shard) | pread (see fill.py)
     rank: int | None = None          # None: from torch.distributed when initialised
     world_size: int | None = None
 
@@ -125,7 +126,7 @@ class FastLoader(Resumable):
                 nonlocal submitted
                 idx = np.sort(batches[submitted])
                 slot = self._slots(1)[0] if cpu else slots[submitted % nslots]
-                futures.append((idx, slot, pool.submit(fill_batch, self.cache, idx, slot)))
+                futures.append((idx, slot, pool.submit(fill_batch, self.cache, idx, slot, self.cfg.read)))
                 submitted += 1
 
             while submitted < min(len(batches), self.cfg.prefetch):
@@ -175,4 +176,6 @@ def loader(cache, batch_size: int, *, device: str = "auto", shuffle: bool = True
     cfg = LoaderConfig(batch_size, device, shuffle, seed, drop_last, augment, **options)
     if cfg.threads < 1 or cfg.prefetch < 1:
         raise LoaderError(f"threads={cfg.threads}, prefetch={cfg.prefetch}: both must be at least 1")
+    if cfg.read not in ("mmap", "pread"):
+        raise LoaderError(f"read={cfg.read!r}: choose mmap or pread")
     return FastLoader(cache, replace(cfg))

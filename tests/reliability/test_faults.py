@@ -105,7 +105,7 @@ def test_every_single_byte_flip_is_found(image_folder, tmp_path):
 def test_reader_thread_failure_is_reported_with_cause(raw_cache, monkeypatch):
     import fastdata.data.loader as loader_mod
 
-    def boom(cache, idx, slot):
+    def boom(cache, idx, slot, read):
         raise MemoryError("planted: could not allocate")
 
     monkeypatch.setattr(loader_mod, "fill_batch", boom)
