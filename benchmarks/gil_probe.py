@@ -21,7 +21,7 @@ import torch
 from _common import write
 
 
-def _ops(seconds: float, stop=None) -> float:
+def _ops(seconds: float) -> float:
     x = torch.zeros(8)
     t0, n = time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds:
