@@ -123,18 +123,20 @@ def build_shard(task) -> tuple[int, object, list[dict], str | None]:
     """Worker: decode one shard's items and write it. Returns (index, ShardInfo|None, quarantined, error)."""
     index, items, codec, fmt, dest, on_error = task
     writer = WRITERS[fmt](Path(dest) / shard_name(index, fmt))
-    quarantined = []
+    quarantined, reported = [], 0
     for n, item in enumerate(items, 1):
         res = process_file(item.path, codec)
         if isinstance(res, str):
             if on_error == "raise":
-                return index, None, [], f"{item.path}: {res}"
+                return index, None, [], (f"{item.path}: {res}; fix or remove the file, or rerun with --on-error "
+                                         f"quarantine (finished shards are kept and the rerun resumes)")
             quarantined.append({"path": item.key, "reason": res})
         else:
             writer.add(res[0], item.label, res[1], res[2], item.key)
         if _progress is not None and (n % 8 == 0 or n == len(items)):
             with _progress.get_lock():
-                _progress.value += 8 if n % 8 == 0 else n % 8
+                _progress.value += n - reported
+            reported = n
     try:
         return index, (writer.close() if writer.count else None), quarantined, None
     except OSError as e:  # disk full, DEST removed or made read-only mid-build
@@ -171,11 +173,8 @@ def _run(cfg: BuildConfig, dest: Path, items: tuple[Item, ...], journal: Journal
             total=len(items), initial=done_before, unit="img", disable=not cfg.progress,
             desc=f"build {dest.name}", dynamic_ncols=True, smoothing=0.05) as bar:
         for index, info, quarantined, error in shard_map(tasks):
-            if error and "cannot write shard" in error:
+            if error:  # the worker's message names the file and the fix
                 raise BuildError(error)
-            if error:
-                raise BuildError(f"{error}; fix or remove the file, or rerun with --on-error quarantine "
-                                 f"(finished shards are kept and the rerun resumes)")
             journal.record(index, info, quarantined)
             journal.save(dest)
             written += info.count if info else 0

@@ -45,11 +45,11 @@ def decode_loader(path, batch_size: int, *, backend: str = "auto", image_size: i
     the GPU; cpu: DALI's CPU pipeline when installed, else PIL in threads. Batch.source says which ran.
     augment, if given, replaces the AugmentConfig built from image_size/dtype/train.
     """
-    from ..data.loader import _rank_world, LoaderConfig
+    from ..data.order import resolve_rank_world
     from .source import EncodedSource
 
     aug = augment or AugmentConfig(size=image_size, dtype=dtype, train=train)
-    r, w = _rank_world(LoaderConfig(batch_size, rank=rank, world_size=world_size))
+    r, w = resolve_rank_world(rank, world_size)
     source = EncodedSource(path)
     chosen = choose_backend(backend)
     if chosen == "cpu" and dali_available():

@@ -78,8 +78,7 @@ class DecodeLoader(Resumable):
         if self.cfg.decoder == "pil":
             pixels = np.stack([_pil_decode(e, rng, self.cfg.augment) for e in encoded])
             return torch.from_numpy(pixels), torch.tensor(labels), torch.from_numpy(flips)
-        boxes = [None] * len(idx)  # decided after decode, when sizes are known
-        return list(encoded), torch.tensor(labels), torch.from_numpy(flips), rng, boxes
+        return list(encoded), torch.tensor(labels), torch.from_numpy(flips), rng  # crops need decoded sizes
 
     def _gpu_decode(self, encoded, rng, idx) -> torch.Tensor:
         from torchvision.io import ImageReadMode, decode_jpeg
@@ -104,7 +103,7 @@ class DecodeLoader(Resumable):
             pixels, labels, flips = item
             images = normalize(pixels.to(self.device), aug, flips.to(self.device))
         else:
-            encoded, labels, flips, rng, _ = item
+            encoded, labels, flips, rng = item
             images = normalize(self._gpu_decode(encoded, rng, idx), aug, flips.to(self.device), layout="NCHW")
         return Batch(images, labels.to(self.device, dtype=torch.int64), torch.from_numpy(idx), self.source)
 

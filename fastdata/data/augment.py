@@ -84,11 +84,9 @@ def augment_batch(images: torch.Tensor, cfg: AugmentConfig, gen: torch.Generator
     return out.to(dtype=getattr(torch, cfg.dtype), memory_format=fmt)
 
 
-def batch_generator(device: torch.device, seed: int, epoch: int, batch: int) -> torch.Generator:
-    """A generator on `device` seeded from (seed, epoch, batch), so augmentation is reproducible on resume."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed((seed * 1_000_003 + epoch) * 1_000_003 + batch)
-    return gen
+def batch_seed(seed: int, epoch: int, batch: int) -> int:
+    """The augmentation seed of one batch: a function of (seed, epoch, batch), so resume reproduces it."""
+    return (seed * 1_000_003 + epoch) * 1_000_003 + batch
 
 
 def normalize(images: torch.Tensor, cfg: AugmentConfig, flip: torch.Tensor | None = None,

@@ -6,8 +6,8 @@ the whole gather, so the training thread keeps launching kernels.
 read="pread": one os.preadv per run of consecutive samples; no page faults,
 about 14% more img/s from the loader alone on the H200 machine (22.3k vs
 19.7k), but a GIL hand-off per sample, which slowed an eager training thread
-(benchmarks/gil_probe.py measures that trade). JPEG caches: each sample is decoded with PIL, which also releases
-the GIL while decoding.
+(benchmarks/gil_probe.py measures that trade). JPEG caches: each sample is
+decoded with PIL, which also releases the GIL while decoding.
 """
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ or streams, which is what CI tests.
 """
 from __future__ import annotations
 
-import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -23,9 +22,9 @@ import numpy as np
 import torch
 
 from ..errors import CacheFormatError, LoaderError
-from .augment import AugmentConfig, augment_batch
+from .augment import AugmentConfig, augment_batch, batch_seed
 from .batch import Batch, Coverage, Resumable
-from .order import OrderConfig, SampleOrder
+from .order import OrderConfig, SampleOrder, resolve_rank_world
 from .reader import Cache, open_cache
 from .fill import fill_batch
 
@@ -55,14 +54,6 @@ def _resolve_device(name: str) -> torch.device:
     return dev
 
 
-def _rank_world(cfg: LoaderConfig) -> tuple[int, int]:
-    if cfg.rank is not None or cfg.world_size is not None:
-        return cfg.rank or 0, cfg.world_size or 1
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
 class FastLoader(Resumable):
     """Iterable over Batch; one pass is one epoch. Resumable via state_dict()."""
 
@@ -74,7 +65,7 @@ class FastLoader(Resumable):
                               f"or use fastdata.CacheDataset with a DataLoader")
         self.cache, self.cfg = cache, cfg
         self.device = _resolve_device(cfg.device)
-        rank, world = _rank_world(cfg)
+        rank, world = resolve_rank_world(cfg.rank, cfg.world_size)
         ocfg = OrderConfig(cfg.shuffle, cfg.seed, cfg.window, rank, world)
         self.order = SampleOrder([s.count for s in m.shards], cfg.batch_size, ocfg, cfg.drop_last)
         self.coverage_audit = Coverage(len(cache))
@@ -107,7 +98,7 @@ class FastLoader(Resumable):
     def _finish(self, images, labels, indices, batch_no: int) -> Batch:
         aug = self.cfg.augment
         if aug is not None:
-            self._gen.manual_seed((self.cfg.seed * 1_000_003 + self.order.epoch) * 1_000_003 + batch_no)
+            self._gen.manual_seed(batch_seed(self.cfg.seed, self.order.epoch, batch_no))
             images = augment_batch(images, aug, self._gen)
         return Batch(images, labels, torch.from_numpy(indices), self.source)
 

@@ -12,9 +12,11 @@ state is just (epoch, position) and resume is exact.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from ..errors import LoaderError
 
@@ -26,6 +28,15 @@ class OrderConfig:
     window: int = 16384      # samples shuffled together (spans several shards)
     rank: int = 0
     world_size: int = 1
+
+
+def resolve_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values, else torch.distributed when initialised, else torchrun's RANK/WORLD_SIZE."""
+    if rank is not None or world_size is not None:
+        return rank or 0, world_size or 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 def epoch_order(shard_counts: list[int], epoch: int, cfg: OrderConfig) -> np.ndarray:

@@ -29,11 +29,7 @@ def make_loader(path, batch_size: int, *, backend: str = "auto", image_size: int
     if backend not in BACKENDS:
         raise FastdataError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     aug = AugmentConfig(size=image_size, dtype=dtype)
-    if backend in ("auto", "cache") and is_cache(path) and load_manifest(path).kind == "raw":
-        from .loader import loader
-
-        return loader(path, batch_size, device=device, seed=seed, augment=aug, **options)
-    if backend == "cache":
+    if backend == "cache" or (backend == "auto" and is_cache(path) and load_manifest(path).kind == "raw"):
         from .loader import loader
 
         return loader(path, batch_size, device=device, seed=seed, augment=aug, **options)

@@ -85,7 +85,6 @@ def auto_batch(engine, image_size: int):
 
     from .batch_size import find_batch_size
 
-    saved = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
     dev = engine.device
 
     def step(bs: int) -> None:
@@ -93,12 +92,7 @@ def auto_batch(engine, image_size: int):
         y = torch.randint(0, 10, (bs,), device=dev)
         engine.step.full(x.contiguous(memory_format=torch.channels_last), y)
 
-    bs, curve = find_batch_size(step, dev)
-    engine.model.load_state_dict(saved)
-    for s in engine.optimizer.state.values():
-        for v in s.values():
-            if torch.is_tensor(v):
-                v.zero_()
-    engine.step.state.reset()
+    with engine.preserved_state():
+        bs, curve = find_batch_size(step, dev)
     log.info("auto batch size chose %d", bs)
     return bs, curve

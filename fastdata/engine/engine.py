@@ -47,8 +47,7 @@ class Meter:
     steps: int = 0
     started: bool = False
     records: list = field(default_factory=list)
-
-    mark: float = 0.0
+    mark: float = 0.0                 # monotonic time of start(): NVML samples are summarised from here
 
     def start(self) -> None:
         self.t0, self.images, self.wait, self.steps, self.started = time.perf_counter(), 0, 0.0, 0, True
@@ -97,7 +96,7 @@ class Engine:
     def _train_on(self, images, labels, window: int, last: bool) -> None:
         if self.cfg.cuda_graph and not self._graph_tried:
             self._graph_tried = True
-            with self._preserved():
+            with self.preserved_state():
                 self.graphed = try_capture(self.step, images, labels, self.cfg.accum_steps, self.distributed)
         if self.graphed is not None and self.graphed.matches(images):
             self.graphed(images, labels)
@@ -113,8 +112,9 @@ class Engine:
             self.step.apply()
 
     @contextlib.contextmanager
-    def _preserved(self):
-        """Undo the warm-up steps that capture needs, in place (graph addresses stay valid)."""
+    def preserved_state(self):
+        """Undo the steps run inside (graph-capture warm-up, batch-size probes), in place, so that
+        tensor addresses stay valid: weights, buffers, optimizer and scaler state, loss sums."""
         tensors = list(unwrap(self.model).state_dict(keep_vars=True).values())
         tensors += [t for s in self.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
         saved = [t.detach().clone() for t in tensors]
@@ -221,7 +221,7 @@ class Engine:
                 "data_wait_frac": min(1.0, meter.wait / wall), "timed_steps": meter.steps,
                 "loss": meter.records[-1]["loss"] if meter.records else float("nan"),
                 "nonfinite": sum(r["nonfinite"] for r in meter.records), "cuda_graph": self.graphed is not None,
-                "gpu": self._sampler.summary(since=meter.mark) if getattr(self, "_sampler", None) else {},
+                "gpu": self._sampler.summary(since=meter.mark) if self._sampler else {},
                 "history": meter.records}
 
     # ---- checkpoints ----------------------------------------------------------------------------
