@@ -82,3 +82,21 @@ def test_raw_cache_is_refused_with_advice(raw_cache):
 
 def test_auto_backend_prefers_dali():
     assert choose_backend("auto") == "dali"
+
+
+def test_epoch_left_early_continues_with_unseen_samples(image_folder):
+    """The async pipeline holds prefetched batches when an epoch is left early; the next pass must not
+    hand them out again, but continue with exactly the samples not yet seen."""
+    make = lambda: decode_loader(image_folder, 8, backend="dali", image_size=32, device="cpu", seed=3)  # noqa: E731
+    full = epoch_indices(make())
+    dl = make()
+    seen = []
+    for k, b in enumerate(dl):
+        seen.append(b.indices.numpy().copy())
+        if k == 2:
+            break
+    rest = epoch_indices(dl)
+    assert [a.tolist() for a in seen + rest] == [a.tolist() for a in full]
+    assert dl.coverage()["repeated"] == 0 and dl.coverage()["missed"] == 0
+    second_epoch = epoch_indices(dl)
+    assert len(np.concatenate(second_epoch)) == 120

@@ -1,11 +1,15 @@
 """DecodeLoader: JPEG decode on the GPU with nvJPEG (torchvision.io.decode_jpeg), or with PIL on CPU.
 
-The fallback for machines with a GPU but without DALI. Reader threads fetch
-encoded bytes (files or cache samples; PIL decoding also happens there, with
-the GIL released); nvJPEG decodes the whole batch in one call on the GPU;
-each image gets its own crop and an antialiased resize, then one flip and
-normalise for the batch. Same Batch contract, order, resume and coverage as
-fastdata.loader.
+The fallback for machines with a GPU but without DALI. Two stages run ahead
+of the training loop::
+
+    reader threads:  encoded bytes (files or cache samples); PIL decodes here too (GIL released)
+    one GPU thread:  on its own CUDA stream: nvJPEG decodes the batch in one call, then one packed
+                     crop-resize (resize.py), flip and normalise; records an event
+    training thread: waits for that event on its stream (no host sync) and yields
+
+so the training thread launches none of the decode work. Same Batch
+contract, order, resume and coverage as fastdata.loader.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from ..data.batch import Batch, Coverage, Resumable
 from ..data.order import OrderConfig, SampleOrder
 from ..errors import DependencyError, LoaderError
 from .crop import crop_box
+from .resize import crop_resize, pack
 from .source import EncodedSource
 
 
@@ -35,8 +40,8 @@ class DecodeConfig:
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
-    threads: int = 8
-    prefetch: int = 4
+    threads: int = 8                 # reader threads
+    prefetch: int = 4                # batches read ahead; the GPU stage runs up to 2 of them ahead
     rank: int = 0
     world_size: int = 1
 
@@ -65,6 +70,7 @@ class DecodeLoader(Resumable):
         self.order = SampleOrder(source.shard_counts, cfg.batch_size, ocfg, cfg.drop_last)
         self.coverage_audit = Coverage(len(source))
         self.source = f"{cfg.decoder}-{source.kind}"   # names the backend in every Batch
+        self._stream = torch.cuda.Stream(self.device) if cfg.decoder == "nvjpeg" else None
 
     def _rng(self, batch_no: int) -> np.random.Generator:
         return np.random.default_rng([self.cfg.seed, self.order.epoch, batch_no])
@@ -80,7 +86,7 @@ class DecodeLoader(Resumable):
             return torch.from_numpy(pixels), torch.tensor(labels), torch.from_numpy(flips)
         return list(encoded), torch.tensor(labels), torch.from_numpy(flips), rng  # crops need decoded sizes
 
-    def _gpu_decode(self, encoded, rng, idx) -> torch.Tensor:
+    def _gpu_decode(self, encoded, rng, idx, flips) -> torch.Tensor:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:
@@ -89,34 +95,49 @@ class DecodeLoader(Resumable):
         except RuntimeError as e:
             raise LoaderError(f"nvJPEG could not decode a sample of batch {idx[:4].tolist()}...: {e}; "
                               f"run `fastdata build-cache` to quarantine bad files first") from e
-        size = self.cfg.augment.size
-        out = torch.empty(len(decoded), 3, size, size, device=self.device)
-        for k, img in enumerate(decoded):
-            t, left, h, w = crop_box(img.shape[1], img.shape[2], self.cfg.augment, rng)
-            crop = img[None, :, t:t + h, left:left + w].float()
-            out[k] = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
-        return out
+        boxes = torch.tensor([crop_box(im.shape[1], im.shape[2], self.cfg.augment, rng) for im in decoded])
+        packed, sizes = pack(decoded)
+        return crop_resize(packed, sizes, boxes, self.cfg.augment.size, flips)
 
-    def _batch(self, item, idx: np.ndarray) -> Batch:
+    def _prepare(self, read_future, idx: np.ndarray):
+        """GPU stage (its own thread and stream): the finished batch and the event that marks it ready."""
         aug = self.cfg.augment
         if self.cfg.decoder == "pil":
-            pixels, labels, flips = item
-            images = normalize(pixels.to(self.device), aug, flips.to(self.device))
-        else:
-            encoded, labels, flips, rng = item
-            images = normalize(self._gpu_decode(encoded, rng, idx), aug, flips.to(self.device), layout="NCHW")
-        return Batch(images, labels.to(self.device, dtype=torch.int64), torch.from_numpy(idx), self.source)
+            pixels, labels, flips = read_future.result()
+            return normalize(pixels.to(self.device), aug, flips.to(self.device)), labels, None
+        encoded, labels, flips, rng = read_future.result()
+        with torch.cuda.stream(self._stream):
+            images = normalize(self._gpu_decode(encoded, rng, idx, flips), aug, layout="NCHW")
+            labels = labels.to(self.device)
+            ready = torch.cuda.Event()
+            ready.record(self._stream)
+        return images, labels, ready
+
+    def _batch(self, item, idx: np.ndarray) -> Batch:
+        images, labels, ready = item
+        if ready is not None:               # GPU-side wait for the decode stream: no host sync
+            main = torch.cuda.current_stream(self.device)
+            main.wait_event(ready)
+            images.record_stream(main)
+            labels.record_stream(main)
+        return Batch(images, labels.to(dtype=torch.int64), torch.from_numpy(idx), self.source)
 
     def __iter__(self):
         batches = self._epoch_batches()
         first = self.order.position // self.cfg.batch_size
-        with ThreadPoolExecutor(self.cfg.threads, thread_name_prefix="fastdata-decode") as pool:
-            futures = [pool.submit(self._read, b, first + k) for k, b in enumerate(batches[:self.cfg.prefetch])]
+        ahead = min(2, self.cfg.prefetch)
+        with ThreadPoolExecutor(self.cfg.threads, thread_name_prefix="fastdata-decode") as pool, \
+                ThreadPoolExecutor(1, thread_name_prefix="fastdata-gpu-decode") as gpu:
+            reads = [pool.submit(self._read, b, first + k) for k, b in enumerate(batches[:self.cfg.prefetch])]
+            ready = [gpu.submit(self._prepare, reads[k], batches[k]) for k in range(min(ahead, len(batches)))]
             for k, idx in enumerate(batches):
-                item = futures[k].result()
-                if k + self.cfg.prefetch < len(batches):
-                    futures.append(pool.submit(self._read, batches[k + self.cfg.prefetch], first + k + self.cfg.prefetch))
-                futures[k] = None
+                nxt = k + self.cfg.prefetch
+                if nxt < len(batches):
+                    reads.append(pool.submit(self._read, batches[nxt], first + nxt))
+                if k + ahead < len(batches):
+                    ready.append(gpu.submit(self._prepare, reads[k + ahead], batches[k + ahead]))
+                item = ready[k].result()
+                reads[k] = ready[k] = None
                 batch = self._batch(item, idx)
                 self._yielded(idx)
                 yield batch
