@@ -242,3 +242,10 @@ def test_unwritable_dest(image_folder, tmp_path):
     f.write_text("x")
     with pytest.raises(BuildError, match="is a file"):
         build(image_folder, f)
+
+
+def test_missing_source_creates_no_destination(tmp_path):
+    dest = tmp_path / "never"
+    with pytest.raises(Exception, match="nope"):
+        build(tmp_path / "nope", dest)
+    assert not dest.exists()

@@ -199,10 +199,10 @@ def _prepare_dest(cfg: BuildConfig) -> Path:
 def build_cache(cfg: BuildConfig) -> BuildResult:
     """Build (or resume, or confirm) the cache described by cfg."""
     cfg.validate()
+    source = discover(cfg.src, images_only=cfg.encode != "bytes")   # a bad SRC creates no DEST
+    items = partition(source.items, cfg.part)
     dest = _prepare_dest(cfg)
     with BuildLock(dest):
-        source = discover(cfg.src, images_only=cfg.encode != "bytes")
-        items = partition(source.items, cfg.part)
         identity = cfg.identity()
         fp = fingerprint(identity, [it.key for it in items])
         if (dest / MANIFEST).exists():
