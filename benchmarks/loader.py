@@ -22,6 +22,8 @@ from _common import peak_rss_mb, write
 
 ROWS = ["pil-dataloader", "pil-dataloader-autotuned", "dataloader-cachedataset", "loader-raw-uint8",
         "loader-raw-gpu-augment", "loader-jpeg"]
+# GPU machine only: where the time goes (reading alone, the copy alone, the other reader, more threads)
+GPU_ROWS = ["loader-raw-uint8-host", "loader-raw-uint8-pread", "loader-raw-uint8-16threads", "h2d-copy-ceiling"]
 
 
 def _drain(dl, seconds: float, device) -> float:
@@ -62,18 +64,47 @@ def _make(row: str, src: Path, raw: Path, jpeg: Path, bs: int, device):
         return fastdata.dataloader(PilFolder(src), bs, autotune_seconds=1.5)
     if row == "dataloader-cachedataset":
         return fastdata.dataloader(fastdata.CacheDataset(raw), bs)
+    threads = min(8, usable_cpus() * 2)
     if row == "loader-raw-uint8":
-        return fastdata.loader(raw, bs, device=str(device), threads=min(8, usable_cpus() * 2))
+        return fastdata.loader(raw, bs, device=str(device), threads=threads)
+    if row == "loader-raw-uint8-host":
+        return fastdata.loader(raw, bs, device="cpu", threads=threads)
+    if row == "loader-raw-uint8-pread":
+        return fastdata.loader(raw, bs, device=str(device), threads=threads, read="pread")
+    if row == "loader-raw-uint8-16threads":
+        return fastdata.loader(raw, bs, device=str(device), threads=16)
     if row == "loader-raw-gpu-augment":
         return fastdata.loader(raw, bs, device=str(device), augment=aug or AugmentConfig(size=224),
                                threads=min(8, usable_cpus() * 2))
     return fastdata.loader(jpeg, bs, device=str(device), augment=aug, threads=usable_cpus())
 
 
+def h2d_ceiling(bs: int, seconds: float, shape=(224, 224, 3)) -> float:
+    """img/s that pinned host-to-device copies alone reach (batches of bs uint8 images, two in flight):
+    no loader can deliver more than this."""
+    import torch
+
+    src = [torch.randint(0, 255, (bs, *shape), dtype=torch.uint8).pin_memory() for _ in range(2)]
+    dst = [torch.empty((bs, *shape), dtype=torch.uint8, device="cuda") for _ in range(2)]
+    for s, d in zip(src, dst):
+        d.copy_(s, non_blocking=True)
+    torch.cuda.synchronize()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for s, d in zip(src, dst):
+            d.copy_(s, non_blocking=True)
+            n += bs
+        torch.cuda.synchronize()
+    return n / (time.perf_counter() - t0)
+
+
 def run_one(row: str, a) -> dict:
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if row == "h2d-copy-ceiling":
+        return {"row": row, "img/s": h2d_ceiling(a.batch_size, a.seconds), "peak RSS MB": peak_rss_mb(),
+                "device": device.type}
     dl = _make(row, Path(a.src), Path(a.raw), Path(a.jpeg), a.batch_size, device)
     rate = _drain(dl, a.seconds, device)
     return {"row": row, "img/s": rate, "peak RSS MB": peak_rss_mb(), "device": device.type}
@@ -93,6 +124,8 @@ def main() -> None:
     if a.one:
         print(json.dumps(run_one(a.one, a)))
         return
+    import torch
+
     from fastdata.cache.build import BuildConfig, build_cache
     from fastdata.sample import make_image_folder
 
@@ -103,7 +136,7 @@ def main() -> None:
     build_cache(BuildConfig(str(src), str(raw), size=224, progress=False))
     build_cache(BuildConfig(str(src), str(jpeg), encode="jpeg", size=256, progress=False))
     rows = []
-    for row in ROWS:
+    for row in ROWS + (GPU_ROWS if torch.cuda.is_available() else []):
         cmd = [sys.executable, __file__, "--one", row, "--src", str(src), "--raw", str(raw), "--jpeg", str(jpeg),
                "--seconds", str(a.seconds), "--batch-size", str(a.batch_size)]
         out = subprocess.run(cmd, capture_output=True, text=True)
@@ -118,7 +151,9 @@ def main() -> None:
     notes = (f"{n} JPEGs (500x375 q90, from skimage/sklearn photos), batch {a.batch_size}, {a.seconds:.0f} s per "
              f"row. PIL rows decode+RandomResizedCrop(224)+flip+normalise in workers. loader-raw-* read a "
              f"224 px raw cache (uint8: as stored; gpu-augment: RandomResizedCrop+flip+normalise on the "
-             f"device). loader-jpeg decodes a 256 px JPEG cache with PIL in threads.")
+             f"device). loader-jpeg decodes a 256 px JPEG cache with PIL in threads. GPU machine only: -host delivers "
+             f"to host memory (reading alone), -pread reads with pread() instead of the memory map, "
+             f"h2d-copy-ceiling copies pinned uint8 224 px batches to the GPU and nothing else.")
     write("loader", rows, ["row", "img/s", "x PIL", "peak RSS MB", "device", "error"], notes,
           Path(a.out) if a.out else None)
 

@@ -52,7 +52,8 @@ def _data(a, work: Path):
 
     src = work / "src"
     t0 = time.perf_counter()
-    make_image_folder(src, a.per_class, photos_dir=a.photos)
+    if not src.exists():            # --work reuses a folder made by an earlier run
+        make_image_folder(src, a.per_class, photos_dir=a.photos)
     log.info("made %s in %.0f s", src, time.perf_counter() - t0)
     raw = build_cache(BuildConfig(str(src), str(work / "raw256"), size=256, progress=False))
     jpg = build_cache(BuildConfig(str(src), str(work / "jpeg256"), encode="jpeg", size=256, progress=False))
@@ -139,6 +140,9 @@ def run(a, save) -> tuple[list[dict], dict]:
     rows.add("6b fastdata JPEG cache + GPU decode", lambda: e4.fit(dl6, **fit), dl6.source)
     dl7 = decode_loader(src, bs, backend=a.backend, dtype="bfloat16", threads=12)
     rows.add("7 GPU decode from the JPEG files", lambda: e4.fit(dl7, **fit), dl7.source)
+    if dl7.source.startswith("dali") and dev.type == "cuda":   # the fallback too, where it can run
+        dl7b = decode_loader(src, bs, backend="nvjpeg", dtype="bfloat16", threads=12)
+        rows.add("7b nvJPEG fallback from the JPEG files", lambda: e4.fit(dl7b, **fit), dl7b.source)
     g = Engine(model(), EngineConfig(precision="bf16", compile=comp, cuda_graph=True, log_every=1000))
     rows.add("8 raw cache + GPU loader + CUDA graph", lambda: g.fit(raw_dl, **fit))
     rows.add("ceiling: synthetic on GPU, compile + graph", lambda: g.fit(Synthetic(bs, dev), **fit))

@@ -107,3 +107,18 @@ def test_nvjpeg_backend_matches_pil_backend(image_folder):
         assert torch.equal(a.labels.cpu(), b.labels)
         diff = (a.images.float().cpu() - b.images.float()).abs().mean()
         assert diff < 0.1, f"mean abs difference {diff:.3f} in normalised units"
+
+
+def test_dali_mixed_matches_cpu_decode_and_keeps_order(image_folder):
+    pytest.importorskip("nvidia.dali")
+    from fastdata.dali import decode_loader
+
+    kw = dict(image_size=64, seed=0, train=False, shuffle=False)
+    gpu = list(decode_loader(image_folder, 16, backend="dali", **kw))
+    cpu = list(decode_loader(image_folder, 16, backend="cpu", device="cpu", **kw))
+    assert gpu[0].source.startswith("dali-mixed") and gpu[0].images.is_cuda
+    assert gpu[0].images.is_contiguous(memory_format=torch.channels_last)
+    for a, b in zip(gpu, cpu):
+        assert torch.equal(a.indices, b.indices) and torch.equal(a.labels.cpu(), b.labels)
+        diff = (a.images.float().cpu() - b.images.float()).abs().mean()
+        assert diff < 0.05, f"mean abs difference {diff:.3f} in normalised units (nvJPEG vs libjpeg)"

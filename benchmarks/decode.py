@@ -1,0 +1,91 @@
+"""Decode-only throughput of every JPEG backend: img/s of 224 px training batches delivered to the device.
+
+    python benchmarks/decode.py --src IMAGE_FOLDER --jpeg JPEG_CACHE [--seconds 5] [--backends dali,nvjpeg,cpu]
+
+No model runs: this is how fast each backend can feed one. DALI runs twice
+on a GPU, with the hardware JPEG decoder off (hw_decoder_load=0: nvJPEG on
+the SMs, which then compete with training) and at its default share. Writes
+Markdown + JSON to benchmarks/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from _common import write
+
+log = logging.getLogger("decode-bench")
+
+
+def drain(dl, seconds: float) -> float:
+    """img/s over `seconds` after 3 warm-up batches, restarting the epoch as needed."""
+    it, n = iter(dl), 0
+    for _ in range(3):
+        next(it)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        try:
+            n += len(next(it)[1])
+        except StopIteration:
+            it = iter(dl)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return n / (time.perf_counter() - t0)
+
+
+def settings(backends: list[str], gpu: bool) -> list[tuple[str, dict]]:
+    out = []
+    for b in backends:
+        if b == "dali" and gpu:
+            out += [("dali mixed, hw decoder off", dict(backend="dali", hw_decoder_load=0.0)),
+                    ("dali mixed, hw decoder 0.65", dict(backend="dali", hw_decoder_load=0.65))]
+        elif b == "dali":
+            out.append(("dali cpu", dict(backend="dali", device="cpu")))
+        elif b == "nvjpeg" and gpu:
+            out.append(("nvjpeg (torchvision)", dict(backend="nvjpeg")))
+        elif b == "cpu":
+            out.append(("cpu (DALI cpu or PIL threads)", dict(backend="cpu", device="cpu")))
+    return out
+
+
+def main() -> None:
+    from fastdata._util import usable_cpus
+    from fastdata.dali import decode_loader
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--src", required=True, help="image folder of JPEGs")
+    ap.add_argument("--jpeg", default=None, help="JPEG-encoded fastdata cache of the same images")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--backends", default="dali,nvjpeg,cpu")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    gpu = torch.cuda.is_available()
+    rows = []
+    for name, kw in settings(a.backends.split(","), gpu):
+        for label, path in (("files", a.src), ("JPEG cache", a.jpeg)):
+            if path is None:
+                continue
+            try:
+                dl = decode_loader(path, a.batch_size, dtype="bfloat16", threads=usable_cpus(), **kw)
+                rows.append({"backend": name, "source": label, "img/s": drain(dl, a.seconds), "ran": dl.source})
+                del dl
+            except Exception as e:  # noqa: BLE001 - a missing backend must not lose the other rows
+                log.exception("%s on %s failed", name, label)
+                rows.append({"backend": name, "source": label, "img/s": 0.0, "ran": f"FAILED: {e}"[:140]})
+            log.info("%s", rows[-1])
+    notes = (f"Batch {a.batch_size}, RandomResizedCrop 224 + flip + normalise to bf16 on the decoding device, "
+             f"{a.seconds:.0f} s per row after 3 warm-up batches, {usable_cpus()} CPU threads. "
+             f"Rerun: `python benchmarks/decode.py --src {Path(a.src).name} --jpeg ...`.")
+    write("decode", rows, ["backend", "source", "img/s", "ran"], notes, Path(a.out) if a.out else None)
+
+
+if __name__ == "__main__":
+    main()
