@@ -31,7 +31,7 @@ class Synthetic:
 
     def __init__(self, bs: int, size: int, device: torch.device, n: int = 100_000) -> None:
         self.x = torch.randn(bs, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
-        self.y = torch.randint(0, 1000, (bs,), device=device)
+        self.y = torch.randint(0, 10, (bs,), device=device)
         self.n = n
 
     def __len__(self) -> int:
@@ -47,7 +47,7 @@ def one_row(a, precision: str, mode: str) -> dict:
     from fastdata.engine.models import resolve_model
 
     torch.manual_seed(0)
-    eng = Engine(resolve_model(a.model, 1000), EngineConfig(precision=precision, log_every=1000, **MODES[mode]))
+    eng = Engine(resolve_model(a.model, a.classes), EngineConfig(precision=precision, log_every=1000, **MODES[mode]))
     data = Synthetic(a.batch_size, a.image_size, eng.device)
     t0 = time.perf_counter()
     eng.fit(data, steps=a.warmup, warmup_steps=a.warmup)      # compile, autotune, capture
@@ -65,6 +65,7 @@ def main() -> None:
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--classes", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--precisions", default="fp32,bf16")

@@ -17,14 +17,15 @@ PY=${PY:-python3}
 mkdir -p "$WORK" "$RES"
 [ -d /tmp/dalisite/nvidia/dali ] && export PYTHONPATH="$PYTHONPATH:/tmp/dalisite"
 
-stage_tests() {
+stage_tests() {   # GPU tests; the DALI ones skip until stage dali has run
     $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider 2>&1 | tee "$RES/gpu-tests.txt" | tail -25
 }
 stage_loader() {
     $PY benchmarks/loader.py --per-class 1000 --seconds 5 --work "$WORK/loader" --out "$RES"
 }
 stage_train() {
-    $PY benchmarks/train.py --model resnet50 --batch-size 256 --seconds 6 --modes eager,compile,"compile + graph" \
+    $PY benchmarks/train.py --model resnet50 --batch-size 256 --seconds 5 --classes 10 \
+        --modes eager,compile,"compile + graph" \
         --out "$RES"
 }
 stage_data() {   # the pipeline's 20k JPEGs and both caches, made once
