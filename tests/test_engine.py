@@ -182,3 +182,31 @@ def test_torchrun_two_process_gloo_agrees_with_one_process(raw_cache, tmp_path, 
     for k in a["model"]:
         assert torch.allclose(a["model"][k], b["model"][k], atol=1e-5), k
     assert b["coverage"]["seen_all_ranks"] == a["coverage"]["seen"] == 48
+
+
+def test_partial_batch_beside_a_captured_graph_runs_eagerly(monkeypatch):
+    """A compiled + graphed engine meeting the last partial batch must not compile a second graph
+    (seen on the GPU: a 30 s recompile inside the timed window)."""
+    import torch._dynamo
+
+    from fastdata.engine import engine as engine_mod
+
+    class FakeGraph:  # stands in for a captured step on this CPU machine
+        def __init__(self, shape):
+            self.shape, self.calls = shape, 0
+
+        def matches(self, images):
+            return tuple(images.shape) == self.shape
+
+        def __call__(self, images, labels):
+            self.calls += 1
+
+    monkeypatch.setattr(engine_mod, "try_capture", lambda step, images, *a: FakeGraph(tuple(images.shape)))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    eng = Engine(tiny_net(), EngineConfig(compile="default", cuda_graph=True, precision="fp32",
+                                          channels_last=False, log_every=1))
+    data = _fixed_batches(3, 8) + [(torch.randn(3, 3, 32, 32), torch.randint(0, 10, (3,)))]
+    report = eng.fit(data)
+    assert report["steps"] == 4 and eng.graphed.calls == 3
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # the partial batch ran eagerly

@@ -94,6 +94,8 @@ class Engine:
         return images, labels
 
     def _train_on(self, images, labels, window: int, last: bool) -> None:
+        if self._eager is not None and self._compiled_shape is None:
+            self._compiled_shape = tuple(images.shape)   # the one shape compiled (and captured)
         if self.cfg.cuda_graph and not self._graph_tried:
             self._graph_tried = True
             with self.preserved_state():
@@ -103,8 +105,6 @@ class Engine:
             self.step.state.micro_steps += 1  # the replay added one loss to the device-side sum
             return
         sync = self.model.no_sync() if self.distributed and not last else contextlib.nullcontext()
-        if self._eager is not None and self._compiled_shape is None:
-            self._compiled_shape = tuple(images.shape)
         eager = self._eager if self._eager is not None and tuple(images.shape) != self._compiled_shape else None
         with sync:
             self.step.micro(images, labels, window, model=eager)
