@@ -7,7 +7,10 @@ import os
 import platform
 import resource
 import sys
+import time
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -15,8 +18,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def machine() -> dict:
-    import torch
-
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"host": platform.node(), "cpus": len(os.sched_getaffinity(0)), "gpu": gpu,
             "torch": torch.__version__, "python": platform.python_version(),
@@ -53,3 +54,41 @@ def write(name: str, rows: list[dict], cols: list[str], notes: str = "", out_dir
     (out_dir / f"{stem}.json").write_text(json.dumps({"machine": machine(), "rows": rows, "notes": notes}, indent=1))
     print(md)
     return out_dir / f"{stem}.md"
+
+
+class Synthetic:
+    """One batch already on the device, handed out `n` times: the loader can never be the bottleneck."""
+
+    def __init__(self, bs: int, size: int, device: torch.device, n: int = 100_000) -> None:
+        self.x = torch.randn(bs, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
+        self.y = torch.randint(0, 10, (bs,), device=device)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return ((self.x, self.y) for _ in range(self.n))
+
+
+def drain(dl, seconds: float, device: torch.device | None = None) -> float:
+    """img/s a loader alone delivers over `seconds`, after 3 warm-up batches, restarting epochs as needed.
+    With `device`, batches are moved there (a CPU DataLoader's batches count only once on the GPU)."""
+    cuda = torch.cuda.is_available()
+
+    def batches():
+        while True:
+            yield from dl
+
+    it, n = batches(), 0
+    for _ in range(3):
+        next(it)
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        images = next(it)[0]
+        n += len(images.to(device, non_blocking=True) if device is not None else images)
+    if cuda:
+        torch.cuda.synchronize()
+    return n / (time.perf_counter() - t0)

@@ -16,27 +16,9 @@ from pathlib import Path
 
 import torch
 
-from _common import write
+from _common import drain, write
 
 log = logging.getLogger("decode-bench")
-
-
-def drain(dl, seconds: float) -> float:
-    """img/s over `seconds` after 3 warm-up batches, restarting the epoch as needed."""
-    it, n = iter(dl), 0
-    for _ in range(3):
-        next(it)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        try:
-            n += len(next(it)[1])
-        except StopIteration:
-            it = iter(dl)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return n / (time.perf_counter() - t0)
 
 
 def settings(backends: list[str], gpu: bool) -> list[tuple[str, dict]]:

@@ -18,34 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import peak_rss_mb, write
+from _common import drain, peak_rss_mb, write
 
 ROWS = ["pil-dataloader", "pil-dataloader-autotuned", "dataloader-cachedataset", "loader-raw-uint8",
         "loader-raw-gpu-augment", "loader-jpeg"]
 # GPU machine only: where the time goes (reading alone, the copy alone, the other reader, more threads)
 GPU_ROWS = ["loader-raw-uint8-host", "loader-raw-uint8-pread", "loader-raw-uint8-16threads", "h2d-copy-ceiling"]
-
-
-def _drain(dl, seconds: float, device) -> float:
-    import torch
-
-    it = iter(dl)
-    for _ in range(3):
-        next(it)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        try:
-            batch = next(it)
-        except StopIteration:
-            it = iter(dl)
-            continue
-        x = batch[0].to(device, non_blocking=True)
-        n += x.shape[0]
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return n / (time.perf_counter() - t0)
 
 
 def _make(row: str, src: Path, raw: Path, jpeg: Path, bs: int, device):
@@ -106,7 +84,7 @@ def run_one(row: str, a) -> dict:
         return {"row": row, "img/s": h2d_ceiling(a.batch_size, a.seconds), "peak RSS MB": peak_rss_mb(),
                 "device": device.type}
     dl = _make(row, Path(a.src), Path(a.raw), Path(a.jpeg), a.batch_size, device)
-    rate = _drain(dl, a.seconds, device)
+    rate = drain(dl, a.seconds, device)
     return {"row": row, "img/s": rate, "peak RSS MB": peak_rss_mb(), "device": device.type}
 
 

@@ -14,11 +14,12 @@ import argparse
 import logging
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from _common import write
+from _common import Synthetic, drain, write
 
 log = logging.getLogger("pipeline")
 COLS = ["row", "img/s", "speed-up", "vs ceiling", "duty cycle %", "SM activity %", "data wait", "note"]
@@ -29,21 +30,6 @@ def _row(name: str, report: dict, note: str = "") -> dict:
     return {"row": name, "img/s": report["img_per_s"], "duty cycle %": gpu.get("duty_cycle", float("nan")),
             "SM activity %": gpu.get("sm_util", float("nan")), "data wait": f"{report['data_wait_frac']:.0%}",
             "note": note, "loss": report["loss"], "cuda_graph": report["cuda_graph"]}
-
-
-class Synthetic:
-    """Batches already on the GPU: the model's own ceiling."""
-
-    def __init__(self, bs: int, device: torch.device, n: int = 10_000) -> None:
-        self.x = torch.randn(bs, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
-        self.y = torch.randint(0, 10, (bs,), device=device)
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        return ((self.x, self.y) for _ in range(self.n))
 
 
 def _data(a, work: Path):
@@ -62,29 +48,22 @@ def _data(a, work: Path):
     return src, work / "raw256", work / "jpeg256", {"raw_build": raw.summary(), "jpeg_build": jpg.summary()}
 
 
-def _loader_only(dl, seconds: float) -> float:
-    """img/s delivered to the GPU by a loader alone (no model)."""
-    it, n = iter(dl), 0
-    for _ in range(3):
-        next(it)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        try:
-            n += len(next(it)[1])
-        except StopIteration:
-            it = iter(dl)
-    torch.cuda.synchronize()
-    return n / (time.perf_counter() - t0)
-
-
 class Rows:
-    """Collects rows; a row that fails is recorded with its error and the run goes on."""
+    """Collects rows; a row that fails is recorded with its error and the run goes on.
 
-    def __init__(self, save) -> None:
+    `only` (from --rows) keeps the rows whose first word is listed: 1,2,3,4,5,6a,6b,7,7b,8,ceiling,synthetic.
+    """
+
+    def __init__(self, save, only: str | None = None) -> None:
         self.rows, self.save = [], save
+        self.only = None if only is None else set(only.split(","))
+
+    def wants(self, name: str) -> bool:
+        return self.only is None or name.split()[0].rstrip(":") in self.only
 
     def add(self, name: str, fn, note: str = "") -> None:
+        if not self.wants(name):
+            return
         t0 = time.perf_counter()
         try:
             report = fn()
@@ -96,65 +75,85 @@ class Rows:
         self.save(self.rows)
 
 
-def run(a, save) -> tuple[list[dict], dict]:
+class Engines:
+    """The row engines, each built on first use (a compiled one costs its compile time only if needed)."""
+
+    def __init__(self, a) -> None:
+        from fastdata.engine.config import EngineConfig
+
+        self.a, self.made = a, {}
+        self.cfgs = {"fp32": EngineConfig(precision="fp32", channels_last=False, log_every=1000),
+                     "bf16": EngineConfig(precision="bf16", log_every=1000),
+                     "compiled": EngineConfig(precision="bf16", compile=a.compile, log_every=1000),
+                     "graphed": EngineConfig(precision="bf16", compile=a.compile, cuda_graph=True, log_every=1000)}
+
+    def __call__(self, key: str, cfg=None):
+        from fastdata.engine.engine import Engine
+        from fastdata.engine.models import resolve_model
+
+        if key not in self.made:
+            self.made[key] = Engine(resolve_model(self.a.model, 10), cfg or self.cfgs[key])
+        return self.made[key]
+
+
+def _pil_rows(a, rows: Rows, eng: Engines, src: Path, info: dict, fit: dict) -> None:
+    """Rows 1-5: the plain PIL ImageFolder recipe, then each usual fix on top of it."""
     import fastdata
     from _datasets import PilFolder
     from torch.utils.data import DataLoader
-    from fastdata.dali import decode_loader
-    from fastdata.data.augment import AugmentConfig
     from fastdata.engine.batch_size import BatchSearchConfig, find_batch_size
-    from fastdata.engine.config import EngineConfig
-    from fastdata.engine.engine import Engine
-    from fastdata.engine.models import resolve_model
 
-    work = Path(a.work or tempfile.mkdtemp(prefix="fastdata-pipeline-"))
-    src, raw, jpeg, info = _data(a, work)
-    bs, T = a.batch_size, a.seconds
-    fit = dict(time_limit=T, warmup_steps=8, epochs=100)
-    model = lambda: resolve_model(a.model, 10)  # noqa: E731
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    comp = a.compile
-    aug = AugmentConfig(size=224, dtype="bfloat16")
-    rows = Rows(lambda r: save(r, info))
-    e1 = Engine(model(), EngineConfig(precision="fp32", channels_last=False, log_every=1000))
-    rows.add("1 PIL DataLoader, 4 workers, fp32", lambda: e1.fit(DataLoader(
+    bs, dev = a.batch_size, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rows.add("1 PIL DataLoader, 4 workers, fp32", lambda: eng("fp32").fit(DataLoader(
         PilFolder(src), bs, shuffle=True, num_workers=4, pin_memory=True, persistent_workers=True), **fit))
+    if not any(rows.wants(k) for k in "2345"):
+        return
     tuned = fastdata.dataloader(PilFolder(src), bs, autotune_seconds=0.8)
-    rows.add("2 + tuned DataLoader (autotune)", lambda: e1.fit(tuned, **fit),
+    rows.add("2 + tuned DataLoader (autotune)", lambda: eng("fp32").fit(tuned, **fit),
              f"workers={tuned.num_workers} prefetch={tuned.prefetch_factor}")
-    e3 = Engine(model(), EngineConfig(precision="bf16", log_every=1000))
-    rows.add("3 + AMP bf16, channels_last", lambda: e3.fit(tuned, **fit))
-    e4 = Engine(model(), EngineConfig(precision="bf16", compile=comp, log_every=1000))
-    rows.add("4 + torch.compile", lambda: e4.fit(tuned, **fit))
-    best, curve = find_batch_size(lambda b: e3.step.full(
+    rows.add("3 + AMP bf16, channels_last", lambda: eng("bf16").fit(tuned, **fit))
+    rows.add("4 + torch.compile", lambda: eng("compiled").fit(tuned, **fit))
+    if not rows.wants("5"):
+        return
+    best, curve = find_batch_size(lambda b: eng("bf16").step.full(
         torch.randn(b, 3, 224, 224, device=dev).contiguous(memory_format=torch.channels_last),
         torch.randint(0, 10, (b,), device=dev)), dev, BatchSearchConfig(start=bs // 2, max_batch=bs * 4, steps=4))
     info["batch_curve"] = curve
     accum = max(1, best // bs)
-    e5 = Engine(e4.model, EngineConfig(precision="bf16", accum_steps=accum, log_every=1000), dev)
+    e5 = eng("accum", replace(eng.cfgs["compiled"], accum_steps=accum))  # its own compiled model
     rows.add(f"5 + batch search (best {best}): accumulate {accum} x {bs}", lambda: e5.fit(tuned, **fit))
-    tuned = None  # drop the persistent workers: they would compete with the rows below
-    raw_dl = fastdata.loader(raw, bs, device=str(dev), augment=aug, threads=8)
-    rows.add("6a fastdata raw cache + GPU loader", lambda: e4.fit(raw_dl, **fit))
-    dl6 = decode_loader(jpeg, bs, backend=a.backend, dtype="bfloat16", threads=8)
-    rows.add("6b fastdata JPEG cache + GPU decode", lambda: e4.fit(dl6, **fit), dl6.source)
-    dl7 = decode_loader(src, bs, backend=a.backend, dtype="bfloat16", threads=12)
-    rows.add("7 GPU decode from the JPEG files", lambda: e4.fit(dl7, **fit), dl7.source)
-    if dl7.source.startswith("dali") and dev.type == "cuda":   # the fallback too, where it can run
+
+
+def run(a, save) -> tuple[list[dict], dict]:
+    import fastdata
+    from fastdata.dali import decode_loader
+    from fastdata.data.augment import AugmentConfig
+
+    work = Path(a.work or tempfile.mkdtemp(prefix="fastdata-pipeline-"))
+    src, raw, jpeg, info = _data(a, work)
+    bs, dev = a.batch_size, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    fit = dict(time_limit=a.seconds, warmup_steps=8, epochs=100)
+    rows, eng = Rows(lambda r: save(r, info), a.rows), Engines(a)
+    _pil_rows(a, rows, eng, src, info, fit)   # its persistent workers end here: they would compete below
+    raw_dl = fastdata.loader(raw, bs, device=str(dev), augment=AugmentConfig(size=224, dtype="bfloat16"), threads=8)
+    rows.add("6a fastdata raw cache + GPU loader", lambda: eng("compiled").fit(raw_dl, **fit))
+    decoders = {}
+    for key, path, name in (("6b", jpeg, "6b fastdata JPEG cache + GPU decode"),
+                            ("7", src, "7 GPU decode from the JPEG files")):
+        if rows.wants(name):
+            dl = decoders[key] = decode_loader(path, bs, backend=a.backend, dtype="bfloat16", threads=12)
+            rows.add(name, lambda: eng("compiled").fit(dl, **fit), dl.source)
+    if rows.wants("7b") and dev.type == "cuda" and a.backend in ("auto", "dali"):   # the fallback beside DALI
         dl7b = decode_loader(src, bs, backend="nvjpeg", dtype="bfloat16", threads=12)
-        rows.add("7b nvJPEG fallback from the JPEG files", lambda: e4.fit(dl7b, **fit), dl7b.source)
-    g = Engine(model(), EngineConfig(precision="bf16", compile=comp, cuda_graph=True, log_every=1000))
-    rows.add("8 raw cache + GPU loader + CUDA graph", lambda: g.fit(raw_dl, **fit))
-    rows.add("ceiling: synthetic on GPU, compile + graph", lambda: g.fit(Synthetic(bs, dev), **fit))
-    rows.add("ceiling: synthetic on GPU, compile", lambda: e4.fit(Synthetic(bs, dev), **fit))
-    rows.add("synthetic on GPU, eager bf16", lambda: e3.fit(Synthetic(bs, dev), **fit))
-    rows.add("synthetic on GPU, eager fp32", lambda: e1.fit(Synthetic(bs, dev), **fit))
-    if dev.type == "cuda":
-        info["loader_only"] = {
-            "raw cache uint8 256px": _loader_only(fastdata.loader(raw, bs, device="cuda", threads=8), 5),
-            "raw cache + GPU RRC 224 bf16": _loader_only(raw_dl, 5),
-            f"JPEG cache, {dl6.source}": _loader_only(dl6, 5),
-            f"JPEG files, {dl7.source}": _loader_only(dl7, 5)}
+        rows.add("7b nvJPEG fallback from the JPEG files", lambda: eng("compiled").fit(dl7b, **fit), dl7b.source)
+    rows.add("8 raw cache + GPU loader + CUDA graph", lambda: eng("graphed").fit(raw_dl, **fit))
+    rows.add("ceiling: synthetic on GPU, compile + graph", lambda: eng("graphed").fit(Synthetic(bs, 224, dev), **fit))
+    rows.add("ceiling: synthetic on GPU, compile", lambda: eng("compiled").fit(Synthetic(bs, 224, dev), **fit))
+    rows.add("synthetic on GPU, eager bf16", lambda: eng("bf16").fit(Synthetic(bs, 224, dev), **fit))
+    rows.add("synthetic on GPU, eager fp32", lambda: eng("fp32").fit(Synthetic(bs, 224, dev), **fit))
+    if dev.type == "cuda" and a.loader_seconds > 0:
+        info["loader_only"] = {"raw cache + GPU RRC 224 bf16": drain(raw_dl, a.loader_seconds),
+                               **{f"{k}: {dl.source}": drain(dl, a.loader_seconds) for k, dl in decoders.items()}}
     return rows.rows, info
 
 
@@ -183,6 +182,8 @@ def main() -> None:
     ap.add_argument("--photos", default=None)
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--compile", default="default")
+    ap.add_argument("--rows", default=None, help="only these rows: 1,2,3,4,5,6a,6b,7,7b,8,ceiling,synthetic")
+    ap.add_argument("--loader-seconds", type=float, default=4.0, help="loader-alone rates (0: skip)")
     ap.add_argument("--chart", default=None, help="only redraw the PNG from a results JSON")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=None)

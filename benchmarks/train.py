@@ -17,28 +17,13 @@ import time
 
 import torch
 
-from _common import write
+from _common import Synthetic, write
 
 log = logging.getLogger("train-bench")
 MODES = {"eager": dict(compile="off"), "eager + graph": dict(compile="off", cuda_graph=True),
          "compile": dict(compile="default"), "compile + graph": dict(compile="default", cuda_graph=True)}
 COLS = ["precision", "mode", "img/s", "vs eager", "duty cycle %", "SM activity %", "tensor %", "graph",
         "warm-up s", "note"]
-
-
-class Synthetic:
-    """One batch already on the device, handed out `n` times: the loader can never be the bottleneck."""
-
-    def __init__(self, bs: int, size: int, device: torch.device, n: int = 100_000) -> None:
-        self.x = torch.randn(bs, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
-        self.y = torch.randint(0, 10, (bs,), device=device)
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        return ((self.x, self.y) for _ in range(self.n))
 
 
 def one_row(a, precision: str, mode: str) -> dict:
