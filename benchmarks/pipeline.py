@@ -105,10 +105,11 @@ def _pil_rows(a, rows: Rows, eng: Engines, src: Path, info: dict, fit: dict) -> 
 
     bs, dev = a.batch_size, torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows.add("1 PIL DataLoader, 4 workers, fp32", lambda: eng("fp32").fit(DataLoader(
-        PilFolder(src), bs, shuffle=True, num_workers=4, pin_memory=True, persistent_workers=True), **fit))
+        PilFolder(src), bs, shuffle=True, num_workers=4, pin_memory=True, persistent_workers=True,
+        drop_last=True), **fit))
     if not any(rows.wants(k) for k in "2345"):
         return
-    tuned = fastdata.dataloader(PilFolder(src), bs, autotune_seconds=0.8)
+    tuned = fastdata.dataloader(PilFolder(src), bs, autotune_seconds=0.8, drop_last=True)
     rows.add("2 + tuned DataLoader (autotune)", lambda: eng("fp32").fit(tuned, **fit),
              f"workers={tuned.num_workers} prefetch={tuned.prefetch_factor}")
     rows.add("3 + AMP bf16, channels_last", lambda: eng("bf16").fit(tuned, **fit))
@@ -135,16 +136,18 @@ def run(a, save) -> tuple[list[dict], dict]:
     fit = dict(time_limit=a.seconds, warmup_steps=8, epochs=100)
     rows, eng = Rows(lambda r: save(r, info), a.rows), Engines(a)
     _pil_rows(a, rows, eng, src, info, fit)   # its persistent workers end here: they would compete below
-    raw_dl = fastdata.loader(raw, bs, device=str(dev), augment=AugmentConfig(size=224, dtype="bfloat16"), threads=8)
+    raw_dl = fastdata.loader(raw, bs, device=str(dev), augment=AugmentConfig(size=224, dtype="bfloat16"), threads=8,
+                             drop_last=True)
     rows.add("6a fastdata raw cache + GPU loader", lambda: eng("compiled").fit(raw_dl, **fit))
     decoders = {}
     for key, path, name in (("6b", jpeg, "6b fastdata JPEG cache + GPU decode"),
                             ("7", src, "7 GPU decode from the JPEG files")):
         if rows.wants(name):
-            dl = decoders[key] = decode_loader(path, bs, backend=a.backend, dtype="bfloat16", threads=12)
+            dl = decoders[key] = decode_loader(path, bs, backend=a.backend, dtype="bfloat16", threads=12,
+                                               drop_last=True)
             rows.add(name, lambda: eng("compiled").fit(dl, **fit), dl.source)
     if rows.wants("7b") and dev.type == "cuda" and a.backend in ("auto", "dali"):   # the fallback beside DALI
-        dl7b = decode_loader(src, bs, backend="nvjpeg", dtype="bfloat16", threads=12)
+        dl7b = decode_loader(src, bs, backend="nvjpeg", dtype="bfloat16", threads=12, drop_last=True)
         rows.add("7b nvJPEG fallback from the JPEG files", lambda: eng("compiled").fit(dl7b, **fit), dl7b.source)
     rows.add("8 raw cache + GPU loader + CUDA graph", lambda: eng("graphed").fit(raw_dl, **fit))
     rows.add("ceiling: synthetic on GPU, compile + graph", lambda: eng("graphed").fit(Synthetic(bs, 224, dev), **fit))
@@ -209,7 +212,8 @@ def report(a, rows: list[dict], info: dict, out: Path | None) -> Path:
         r["vs ceiling"] = f"{r['img/s'] / ceiling:.1%}" if ceiling else "(no ceiling yet)"
     best = max((r for r in rows if r["row"][0].isdigit()), key=lambda r: r["img/s"])
     notes = (f"{a.per_class * 10} JPEGs (~500x375, q90, from skimage/sklearn photos), {a.model} "
-             f"batch {a.batch_size}, {a.seconds:.0f} s timed per row after 8 warm-up steps. "
+             f"batch {a.batch_size} (every loader drops the last partial batch, as training recipes do), "
+             f"{a.seconds:.0f} s timed per row after 8 warm-up steps. "
              f"Best real-data row: {best['row']} at {best['img/s']:.0f} img/s = "
              + (f"{best['img/s'] / ceiling:.1%} of the ceiling and " if ceiling else "")
              + f"{best['img/s'] / base:.1f}x row 1.\n\n"

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
+import torch
+
 from fastdata.cache.build import BuildConfig, build_cache
+from fastdata.cache.codecs import CodecConfig, decode
+from fastdata.data.augment import AugmentConfig, normalize
 
 
 def build(src, dest, **kw):
@@ -12,6 +16,18 @@ def build(src, dest, **kw):
     kw.setdefault("size", 64)
     kw.setdefault("shard_size", "1MB")
     return build_cache(BuildConfig(str(src), str(dest), **kw))
+
+
+def pil_reference(image_folder, size: int = 64) -> tuple[torch.Tensor, list[int]]:
+    """Every image of the folder, in discovery order, decoded by PIL at full resolution (no draft
+    mode) and resized to size x size, normalised NCHW: what an eval-mode loader should return."""
+    from fastdata.cache.sources import discover
+
+    items = discover(image_folder).items
+    pix = np.stack([np.asarray(decode(open(it.path, "rb").read(), CodecConfig(size=size, draft=False)))
+                    for it in items])
+    ref = normalize(torch.from_numpy(pix), AugmentConfig(size=size, channels_last=False))
+    return ref, [it.label for it in items]
 
 
 def epoch_indices(loader) -> list[np.ndarray]:

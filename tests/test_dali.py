@@ -5,25 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata.cache.codecs import CodecConfig, decode
 from fastdata.dali import choose_backend, decode_loader
-from fastdata.data.augment import AugmentConfig, normalize
+from fastdata.data.augment import AugmentConfig
 from fastdata.errors import LoaderError
 
-from helpers import check_resume, epoch_indices
+from helpers import check_resume, epoch_indices, pil_reference as _pil_reference
 
 pytest.importorskip("nvidia.dali")
 EVAL = dict(augment=AugmentConfig(size=64, train=False, crop_fraction=1.0), shuffle=False, device="cpu")
-
-
-def _pil_reference(image_folder, size=64) -> tuple[torch.Tensor, list[int]]:
-    from fastdata.cache.sources import discover
-
-    items = discover(image_folder).items
-    pix = np.stack([np.asarray(decode(open(it.path, "rb").read(), CodecConfig(size=size, draft=False)))
-                    for it in items])
-    ref = normalize(torch.from_numpy(pix), AugmentConfig(size=size, channels_last=False))
-    return ref, [it.label for it in items]
 
 
 @pytest.mark.parametrize("backend", ["dali", "cpu"])

@@ -88,6 +88,44 @@ def test_resume_in_second_epoch_and_drop_last(raw_cache):
     assert all(len(b.indices) == 16 for b in fastdata.loader(raw_cache, 16, device="cpu", drop_last=True))
 
 
+def test_reads_ahead_across_epochs_without_changing_what_is_seen(raw_cache):
+    """One loader run for three epochs (reading ahead into each next epoch) yields what three fresh
+    loaders restored at each epoch start yield, pixels included."""
+    ref = _reference(raw_cache)
+    dl = fastdata.loader(raw_cache, 16, device="cpu", seed=6, prefetch=3)
+    for epoch in range(3):
+        got = [(b.indices.numpy().copy(), b.images.numpy().copy()) for b in dl]
+        fresh = fastdata.loader(raw_cache, 16, device="cpu", seed=6)
+        fresh.load_state_dict({"order": {"epoch": epoch, "position": 0, "seed": 6, "world_size": 1, "rank": 0},
+                               "coverage": fastdata.loader(raw_cache, 16, device="cpu").state_dict()["coverage"]})
+        assert [i.tolist() for i, _ in got] == [i.tolist() for i in epoch_indices(fresh)]
+        for idx, images in got:
+            assert all(np.array_equal(img, ref[int(i)][0]) for i, img in zip(idx, images))
+        assert dl.coverage()["seen"] == 120 and dl.coverage()["repeated"] == 0
+
+
+def test_left_early_then_restored_elsewhere_drops_reads_made_ahead(raw_cache):
+    dl = fastdata.loader(raw_cache, 8, device="cpu", seed=2, prefetch=4)
+    full = epoch_indices(fastdata.loader(raw_cache, 8, device="cpu", seed=2))
+    it = iter(dl)
+    first = [next(it).indices.numpy().copy() for _ in range(3)]
+    state = dl.state_dict()
+    del it
+    more = next(iter(dl)).indices.numpy().copy()      # continues where the first pass stopped
+    assert [x.tolist() for x in first + [more]] == [x.tolist() for x in full[:4]]
+    dl.load_state_dict(state)                          # back to batch 3: the reads made ahead are stale
+    assert [x.tolist() for x in epoch_indices(dl)] == [x.tolist() for x in full[3:]]
+
+
+def test_a_second_live_iterator_is_refused(raw_cache):
+    dl = fastdata.loader(raw_cache, 8, device="cpu")
+    a = iter(dl)
+    next(a)
+    next(iter(dl))
+    with pytest.raises(LoaderError, match="another iteration"):
+        next(a)
+
+
 def test_coverage_reports_missed_and_repeated(raw_cache):
     dl = fastdata.loader(raw_cache, 16, device="cpu")
     for k, _ in enumerate(dl):

@@ -9,8 +9,9 @@ Per batch::
 Data stays uint8 until it is on the GPU (4x fewer bytes over PCIe than
 float32). Slots form a ring; a reader refills a slot only after the copy out
 of it has finished (it waits on that copy's event, in its own thread, so the
-training loop never blocks on it). On CPU the same code runs without pinning
-or streams, which is what CI tests.
+training loop never blocks on it). Reads run ahead across the epoch end into
+the next epoch, so an epoch starts warm. On CPU the same code runs without
+pinning or streams, which is what CI tests.
 """
 from __future__ import annotations
 
@@ -72,6 +73,8 @@ class FastLoader(Resumable):
         self.source = f"cache-{m.kind}"
         self._gen = torch.Generator(device=self.device)
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._pool, self._ring, self._submitted, self._token = None, None, 0, None
+        self._inflight: deque = deque()   # reads (and copies) made ahead, oldest first
 
     def _slots(self, n: int) -> list[dict]:
         shape = (self.cfg.batch_size, *self.cache.sample_shape)
@@ -102,40 +105,75 @@ class FastLoader(Resumable):
             images = augment_batch(images, aug, self._gen)
         return Batch(images, labels, torch.from_numpy(indices), self.source)
 
-    def __iter__(self):
-        batches = self._epoch_batches()
-        first = self.order.position // self.cfg.batch_size
+    # ---- reading ahead, across epoch ends -------------------------------------------------------
+    def _plan(self, epoch: int, position: int):
+        """(key, indices) of every batch from (epoch, position) on: the rest of this epoch, then the
+        next epoch from its start, so reads never stop at an epoch end (a cold start per epoch cost
+        the short benchmark epochs several percent). key = (epoch, position) names a batch exactly,
+        because the order is a pure function of (seed, epoch)."""
+        bs = self.cfg.batch_size
+        for e in (epoch, epoch + 1):
+            start = position if e == epoch else 0
+            for k, idx in enumerate(self.order.epoch_batches(e, start)):
+                yield (e, start + k * bs), idx
+
+    def _drop_stale(self, key) -> None:
+        """Reads made for another position (state loaded, or another epoch) are waited for and dropped:
+        they write into slots that are about to be reused."""
+        if self._inflight and self._inflight[0]["key"] == key:
+            return
+        for ent in self._inflight:
+            try:
+                ent["fut"].result()
+            except Exception:  # noqa: BLE001 - a stale read's failure does not matter
+                pass
+        self._inflight.clear()
+
+    def _submit(self, key, idx) -> None:
+        idx = np.sort(idx)
         cpu = self._stream is None
-        nslots = self.cfg.prefetch + 2
-        slots = None if cpu else self._slots(nslots)
-        with ThreadPoolExecutor(self.cfg.threads, thread_name_prefix="fastdata-read") as pool:
-            futures: deque = deque()
-            ready: deque = deque()
-            submitted = 0
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.cfg.threads, thread_name_prefix="fastdata-read")
+            self._ring = None if cpu else self._slots(self.cfg.prefetch + 2)
+        slot = self._slots(1)[0] if cpu else self._ring[self._submitted % len(self._ring)]
+        self._submitted += 1
+        fut = self._pool.submit(fill_batch, self.cache, idx, slot, self.cfg.read)
+        self._inflight.append({"key": key, "idx": idx, "slot": slot, "fut": fut, "out": None})
 
-            def submit() -> None:
-                nonlocal submitted
-                idx = np.sort(batches[submitted])
-                slot = self._slots(1)[0] if cpu else slots[submitted % nslots]
-                futures.append((idx, slot, pool.submit(fill_batch, self.cache, idx, slot, self.cfg.read)))
-                submitted += 1
+    def _copy(self, ent, batch_no: int) -> None:
+        if ent["out"] is None:
+            self._wait(ent["fut"], batch_no)
+            ent["out"] = self._to_device(ent["slot"], len(ent["idx"]))
 
-            while submitted < min(len(batches), self.cfg.prefetch):
-                submit()
-            for k in range(len(batches)):
-                idx, slot, fut = futures.popleft()
-                self._wait(fut, k + first)
-                if submitted < len(batches):
-                    submit()
-                ready.append((idx, *self._to_device(slot, len(idx))))
-                if len(ready) < 2 and k + 1 < len(batches):
-                    continue                # keep one copy in flight behind the batch being trained on
-                yield from self._emit(ready.popleft(), first)
-            while ready:
-                yield from self._emit(ready.popleft(), first)
+    def __iter__(self):
+        """One epoch. Up to `prefetch` batches are read ahead, and the next batch's copy to the GPU is
+        in flight behind the batch being trained on; reads made ahead survive an early exit, a next
+        epoch and a state_dict(), and are dropped after load_state_dict() to another position."""
+        batches = self._epoch_batches()
+        epoch, pos = self.order.epoch, self.order.position
+        token = self._token = object()
+        self._drop_stale((epoch, pos))
+        plan = self._plan(epoch, pos)
+        for _ in range(len(self._inflight)):  # already in flight: skip them in the plan
+            next(plan)
+        for k in range(len(batches)):
+            if self._token is not token:
+                raise LoaderError(f"{self.cache.path}: another iteration of this loader started; finish or "
+                                  f"drop the first iterator before starting the next")
+            while len(self._inflight) <= self.cfg.prefetch:
+                nxt = next(plan, None)
+                if nxt is None:
+                    break
+                self._submit(*nxt)
+            batch_no = pos // self.cfg.batch_size + k
+            self._copy(self._inflight[0], batch_no)
+            if len(self._inflight) > 1:
+                self._copy(self._inflight[1], batch_no + 1)
+            ent = self._inflight.popleft()
+            yield from self._emit((ent["idx"], *ent["out"]))
         self.order.next_epoch()
 
-    def _emit(self, item, first: int):
+    def _emit(self, item):
         idx, images, labels = item
         batch_no = self.order.position // self.cfg.batch_size
         batch = self._finish(images, labels, idx, batch_no)

@@ -74,11 +74,14 @@ class SampleOrder:
         n = sum(self.shard_counts) // self.cfg.world_size
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def epoch_batches(self) -> list[np.ndarray]:
-        """Batches still to come in the current epoch, starting at the saved position."""
-        order = epoch_order(self.shard_counts, self.epoch, self.cfg)
+    def epoch_batches(self, epoch: int | None = None, position: int | None = None) -> list[np.ndarray]:
+        """Batches still to come in the current epoch from the saved position (or in `epoch` from
+        `position`: a loader reading ahead into the next epoch asks without moving the state)."""
+        epoch = self.epoch if epoch is None else epoch
+        position = self.position if position is None else position
+        order = epoch_order(self.shard_counts, epoch, self.cfg)
         end = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
-        return [order[i:i + self.batch_size] for i in range(self.position, end, self.batch_size)]
+        return [order[i:i + self.batch_size] for i in range(position, end, self.batch_size)]
 
     def advance(self, n: int) -> None:
         self.position += n

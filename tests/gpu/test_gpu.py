@@ -14,16 +14,22 @@ from fastdata.engine.config import EngineConfig
 from fastdata.engine.engine import Engine
 from fastdata.engine.models import SmallNet
 
+from helpers import pil_reference
+
 
 def test_fast_loader_to_cuda_equals_cpu_reference(raw_cache):
+    """Three epochs through one loader: reads made ahead across epoch ends reuse the pinned slot ring
+    (prefetch 2: slots come round often), and no slot may be refilled before its copy is done."""
     ref = CacheDataset(raw_cache)
-    seen = 0
-    for b in fastdata.loader(raw_cache, 16, device="cuda", seed=2):
-        assert b.images.is_cuda and b.images.dtype == torch.uint8 and b.labels.is_cuda
-        for img, idx in zip(b.images.cpu(), b.indices.tolist()):
-            assert np.array_equal(img.numpy(), ref[idx][0].numpy())
-            seen += 1
-    assert seen == len(ref)
+    dl = fastdata.loader(raw_cache, 16, device="cuda", seed=2, prefetch=2, threads=3)
+    for _ in range(3):
+        seen = 0
+        for b in dl:
+            assert b.images.is_cuda and b.images.dtype == torch.uint8 and b.labels.is_cuda
+            for img, idx in zip(b.images.cpu(), b.indices.tolist()):
+                assert np.array_equal(img.numpy(), ref[idx][0].numpy())
+                seen += 1
+        assert seen == len(ref)
 
 
 def test_fast_loader_gpu_augment_is_deterministic(raw_cache):
@@ -95,18 +101,21 @@ def test_nvml_sampler_reads_gpm_on_hopper():
         assert 0 < summary["sm_util"] <= 100
 
 
-def test_nvjpeg_backend_matches_pil_backend(image_folder):
+def test_nvjpeg_backend_matches_full_resolution_pil(image_folder):
+    """nvJPEG decodes at full resolution then resizes; compare against PIL doing the same (the PIL
+    loader backend decodes in draft mode, a coarser picture: 0.106 apart on an H100)."""
     pytest.importorskip("torchvision")
     from fastdata.dali import decode_loader
 
-    kw = dict(image_size=64, seed=0, train=False, shuffle=False)
-    gpu = list(decode_loader(image_folder, 16, backend="nvjpeg", **kw))
-    cpu = list(decode_loader(image_folder, 16, backend="cpu", device="cpu", **kw))
+    ref, labels = pil_reference(image_folder)
+    aug = AugmentConfig(size=64, train=False, crop_fraction=1.0)
+    gpu = list(decode_loader(image_folder, 16, backend="nvjpeg", augment=aug, shuffle=False))
     assert gpu[0].source.startswith("nvjpeg") and gpu[0].images.is_cuda
-    for a, b in zip(gpu, cpu):
-        assert torch.equal(a.labels.cpu(), b.labels)
-        diff = (a.images.float().cpu() - b.images.float()).abs().mean()
-        assert diff < 0.1, f"mean abs difference {diff:.3f} in normalised units"
+    images = torch.cat([b.images.float().cpu() for b in gpu])
+    assert torch.cat([b.labels.cpu() for b in gpu]).tolist() == labels
+    diff = (images - ref).abs()
+    print(f"nvJPEG vs full-resolution PIL: mean abs diff {diff.mean():.4f}, median {diff.median():.4f}")
+    assert diff.mean() < 0.08 and diff.median() < 0.05, f"mean abs difference {diff.mean():.3f}"
 
 
 def test_dali_mixed_matches_cpu_decode_and_keeps_order(image_folder):
