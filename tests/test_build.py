@@ -74,15 +74,15 @@ def _shard_hashes(dest: Path) -> dict[str, str]:
     return {s.name: s.sha256 for s in m.shards}
 
 
-def kill_build_at_random_point(cmd, dest: Path, rng) -> bool:
-    """Start the build, wait for its first committed shard, kill -9 its whole process group a random
-    moment later. True if the build was left unfinished."""
+def kill_build_at_random_point(cmd, dest: Path, delay: float) -> bool:
+    """Start the build, wait for its first committed shard, kill -9 its whole process group DELAY
+    seconds later. True if the build was left unfinished."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     journal = dest / ".build" / "journal.json"
     deadline = time.time() + 60
     while not journal.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    time.sleep(float(rng.uniform(0.0, 0.3)))
+        time.sleep(0.002)
+    time.sleep(delay)
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # the build and its workers, mid-write
     except ProcessLookupError:
@@ -93,14 +93,16 @@ def kill_build_at_random_point(cmd, dest: Path, rng) -> bool:
 
 def test_resume_after_kill_is_byte_identical(image_folder, tmp_path):
     clean = tmp_path / "clean"
+    t0 = time.perf_counter()
     build(image_folder, clean, workers=2, shard_size="60KB", size=96)
+    seconds = time.perf_counter() - t0  # kill delays scale with this machine's build speed
     dest = tmp_path / "killed"
     cmd = [sys.executable, "-m", "fastdata.cli", "build-cache", str(image_folder), str(dest), "--size", "96",
            "--shard-size", "60KB", "--workers", "2", "--no-progress"]
     rng = np.random.default_rng(1)
     interrupted = 0
-    for _ in range(3):
-        interrupted += kill_build_at_random_point(cmd, dest, rng)
+    for delay in (*rng.uniform(0.0, 0.4 * seconds, size=2), 0.0):  # the last lands right after shard 1
+        interrupted += kill_build_at_random_point(cmd, dest, float(delay))
     assert interrupted >= 1, "no kill landed mid-build: the test did not test resume"
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert _shard_hashes(dest) == _shard_hashes(clean)
