@@ -210,3 +210,31 @@ def test_partial_batch_beside_a_captured_graph_runs_eagerly(monkeypatch):
     report = eng.fit(data)
     assert report["steps"] == 4 and eng.graphed.calls == 3
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # the partial batch ran eagerly
+
+
+def test_step_fence_waits_on_the_oldest_step_once_the_limit_is_reached():
+    from fastdata.engine.fence import StepFence
+
+    log, made = [], []
+
+    class FakeEvent:
+        def __init__(self):
+            self.n = len(made)
+            made.append(self)
+
+        def record(self):
+            log.append(("record", self.n))
+
+        def synchronize(self):
+            log.append(("sync", self.n))
+
+    fence = StepFence(2, FakeEvent)
+    for _ in range(4):
+        fence.wait()
+        fence.record()
+    # steps 0 and 1 run free; before the third and fourth batch the host waits for steps 0 and 1
+    assert log == [("record", 0), ("record", 1), ("sync", 0), ("record", 2), ("sync", 1), ("record", 3)]
+    assert [e.n for e in fence.pending] == [2, 3]
+    none = StepFence(2, None)   # CPU: nothing recorded, nothing waited on
+    none.record(), none.wait()
+    assert not none.pending

@@ -25,6 +25,7 @@ class EngineConfig:
     nonfinite: str = "skip"            # skip | stop: what a NaN/inf loss does
     distributed: str = "auto"          # auto | ddp | zero | none
     log_every: int = 50                # loss is read back (one host sync) this often
+    max_inflight_steps: int = 3        # steps the host may run ahead of the GPU (0: unbounded)
     ckpt_dir: str | None = None
     ckpt_every: int = 0                # optimizer steps; 0: only at the end of fit()
     seed: int = 0
@@ -39,6 +40,7 @@ class EngineConfig:
             (self.distributed in ("auto", "ddp", "zero", "none"),
              f"distributed={self.distributed!r}: choose auto, ddp, zero or none"),
             (self.log_every >= 1, f"log_every={self.log_every}: give 1 or more"),
+            (self.max_inflight_steps >= 0, f"max_inflight_steps={self.max_inflight_steps}: give 0 or more"),
         ]
         for ok, msg in checks:
             if not ok:

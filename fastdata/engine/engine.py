@@ -1,8 +1,9 @@
 """Engine: the training loop that keeps the GPU fed and says where time goes.
 
 Per step the host only launches work: losses and non-finite counts stay on
-the device until a log point, so the host runs ahead of the GPU and the
-time spent waiting in ``next(loader)`` is the true data wait.
+the device until a log point, so the host runs ahead of the GPU, by at most
+``max_inflight_steps`` steps (fence.py), and the time spent waiting in
+``next(loader)`` is the true data wait.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ..errors import EngineError
 from . import checkpoint as ckpt
 from .config import EngineConfig
 from .distributed import init_from_env, local_device, rank, wrap
+from .fence import StepFence, cuda_event_factory
 from .graph import compile_model, try_capture, unwrap
 from .step import TrainStep, make_scaler
 
@@ -157,7 +159,9 @@ class Engine:
             remaining = _batches_left(loader)
             window_left, window = 0, accum
             it = iter(loader)
+            fence = StepFence(self.cfg.max_inflight_steps, cuda_event_factory(self.device))
             while True:
+                fence.wait()   # GPU backlog: booked as compute, not as data wait
                 t = time.perf_counter()
                 batch = next(it, None)
                 meter.wait += time.perf_counter() - t
@@ -173,6 +177,7 @@ class Engine:
                     continue
                 self.global_step += 1
                 meter.steps += 1
+                fence.record()
                 self._after_step(meter, warmup_steps, loader)
                 if steps is not None and self.global_step >= steps:
                     return self._report(meter)
