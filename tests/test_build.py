@@ -74,7 +74,7 @@ def _shard_hashes(dest: Path) -> dict[str, str]:
     return {s.name: s.sha256 for s in m.shards}
 
 
-def kill_build_at_random_point(cmd, dest: Path, delay: float) -> bool:
+def kill_build_after_first_shard(cmd, dest: Path, delay: float) -> bool:
     """Start the build, wait for its first committed shard, kill -9 its whole process group DELAY
     seconds later. True if the build was left unfinished."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -102,7 +102,7 @@ def test_resume_after_kill_is_byte_identical(image_folder, tmp_path):
     rng = np.random.default_rng(1)
     interrupted = 0
     for delay in (*rng.uniform(0.0, 0.4 * seconds, size=2), 0.0):  # the last lands right after shard 1
-        interrupted += kill_build_at_random_point(cmd, dest, float(delay))
+        interrupted += kill_build_after_first_shard(cmd, dest, float(delay))
     assert interrupted >= 1, "no kill landed mid-build: the test did not test resume"
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert _shard_hashes(dest) == _shard_hashes(clean)
