@@ -4,7 +4,9 @@
 
 No model runs: this is how fast each backend can feed one. DALI runs twice
 on a GPU, with the hardware JPEG decoder off (hw_decoder_load=0: nvJPEG on
-the SMs, which then compete with training) and at its default share. Writes
+the SMs, which then compete with training) and at its default share. On a GPU
+each row also reports GPM SM activity and the hardware JPEG engines' NVML
+utilization, which says whether the hardware decoder was used at all. Writes
 Markdown + JSON to benchmarks/results/.
 """
 from __future__ import annotations
@@ -39,6 +41,7 @@ def settings(backends: list[str], gpu: bool) -> list[tuple[str, dict]]:
 def main() -> None:
     from fastdata._util import usable_cpus
     from fastdata.dali import decode_loader
+    from fastdata.monitor.nvml import GpuSampler
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--src", required=True, help="image folder of JPEGs")
@@ -57,7 +60,12 @@ def main() -> None:
                 continue
             try:
                 dl = decode_loader(path, a.batch_size, dtype="bfloat16", threads=usable_cpus(), **kw)
-                rows.append({"backend": name, "source": label, "img/s": drain(dl, a.seconds), "ran": dl.source})
+                with GpuSampler() as sampler:
+                    rate = drain(dl, a.seconds)
+                use = sampler.summary()
+                rows.append({"backend": name, "source": label, "img/s": rate, "SM activity %":
+                             use.get("sm_util", float("nan")), "JPEG engine %": use.get("jpeg_engine_util",
+                             float("nan")), "ran": dl.source})
                 del dl
             except Exception as e:  # noqa: BLE001 - a missing backend must not lose the other rows
                 log.exception("%s on %s failed", name, label)
@@ -66,7 +74,7 @@ def main() -> None:
     notes = (f"Batch {a.batch_size}, RandomResizedCrop 224 + flip + normalise to bf16 on the decoding device, "
              f"{a.seconds:.0f} s per row after 3 warm-up batches, {usable_cpus()} CPU threads. "
              f"Rerun: `python benchmarks/decode.py --src {Path(a.src).name} --jpeg ...`.")
-    write("decode", rows, ["backend", "source", "img/s", "ran"], notes, Path(a.out) if a.out else None)
+    write("decode", rows, ["backend", "source", "img/s", "SM activity %", "JPEG engine %", "ran"], notes, Path(a.out) if a.out else None)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ def _row(name: str, report: dict, note: str = "") -> dict:
     gpu = report.get("gpu", {})
     return {"row": name, "img/s": report["img_per_s"], "duty cycle %": gpu.get("duty_cycle", float("nan")),
             "SM activity %": gpu.get("sm_util", float("nan")), "data wait": f"{report['data_wait_frac']:.0%}",
-            "note": note, "loss": report["loss"], "cuda_graph": report["cuda_graph"]}
+            "note": note, "loss": report["loss"], "cuda_graph": report["cuda_graph"],
+            "JPEG engine %": gpu.get("jpeg_engine_util", float("nan"))}   # JSON only: did a HW decoder run
 
 
 def _data(a, work: Path):

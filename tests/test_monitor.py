@@ -76,3 +76,22 @@ def test_interval_union():
 def test_doctor_cli_without_target_says_what_to_do():
     r = subprocess.run([sys.executable, "-m", "fastdata.cli", "doctor"], capture_output=True, text=True)
     assert r.returncode == 2 and "--data CACHE" in r.stderr
+
+
+def test_sampler_reads_jpeg_engine_and_skips_absent_counters():
+    from types import SimpleNamespace
+
+    def absent(*_):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    fake = SimpleNamespace(
+        nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=97, memory=40),
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=2 * 2**30),
+        nvmlDeviceGetPowerUsage=absent, NVML_CLOCK_SM=1,
+        nvmlDeviceGetClockInfo=lambda h, kind: 1980,
+        nvmlDeviceGetJpgUtilization=lambda h: [55, 166666])
+    s = GpuSampler()
+    s._nv, s._handle = fake, object()
+    rec = s._basic()
+    assert rec["duty_cycle"] == 97.0 and rec["jpeg_engine_util"] == 55.0 and rec["sm_clock_mhz"] == 1980.0
+    assert "power_w" not in rec and rec["mem_used_gib"] == 2.0

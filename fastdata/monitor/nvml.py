@@ -62,7 +62,9 @@ class GpuSampler:
         out = {"t": time.monotonic(), "duty_cycle": float(util.gpu), "mem_util": float(util.memory),
                "mem_used_gib": mem.used / 2**30}
         for key, fn in (("power_w", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000),
-                        ("sm_clock_mhz", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))):
+                        ("sm_clock_mhz", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+                        # the hardware JPEG engines (A100/H100): busy only when a decoder really uses them
+                        ("jpeg_engine_util", lambda: nv.nvmlDeviceGetJpgUtilization(h)[0])):
             try:
                 out[key] = float(fn())
             except Exception:  # noqa: BLE001 - some counters are absent on some boards
