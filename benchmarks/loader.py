@@ -21,7 +21,7 @@ from pathlib import Path
 from _common import drain, peak_rss_mb, write
 
 ROWS = ["pil-dataloader", "pil-dataloader-autotuned", "dataloader-cachedataset", "loader-raw-uint8",
-        "loader-raw-gpu-augment", "loader-jpeg"]
+        "loader-raw-gpu-augment", "loader-jpeg", "gather-ceiling"]
 # GPU machine only: where the time goes (reading alone, the copy alone, the other reader, more threads)
 GPU_ROWS = ["loader-raw-uint8-host", "loader-raw-uint8-pread", "loader-raw-uint8-16threads", "h2d-copy-ceiling"]
 
@@ -76,6 +76,40 @@ def h2d_ceiling(bs: int, seconds: float, shape=(224, 224, 3)) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def gather_ceiling(raw: Path, bs: int, seconds: float, threads: int, pin: bool) -> float:
+    """img/s that `threads` threads reach gathering random sorted batches from the raw cache into their
+    own reused (pinned) slots with the loader's own fill_batch, and nothing else: no order, no ring,
+    no copy. The reading ceiling of this machine; a loader row far below it loses time elsewhere."""
+    import threading
+
+    import numpy as np
+    import torch
+
+    from fastdata.data.fill import fill_batch
+    from fastdata.data.reader import open_cache
+
+    cache = open_cache(raw)
+    n, counts, stop = len(cache), [0] * threads, threading.Event()
+
+    def work(k: int) -> None:
+        rng = np.random.default_rng(k)
+        slot = {"images": torch.empty((bs, *cache.sample_shape), dtype=torch.uint8, pin_memory=pin),
+                "labels": torch.empty(bs, dtype=torch.int64, pin_memory=pin)}
+        while not stop.is_set():
+            fill_batch(cache, np.sort(rng.choice(n, bs, replace=False)), slot)
+            counts[k] += bs
+
+    pool = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(threads)]
+    t0 = time.perf_counter()
+    for t in pool:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in pool:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
 def run_one(row: str, a) -> dict:
     import torch
 
@@ -83,6 +117,11 @@ def run_one(row: str, a) -> dict:
     if row == "h2d-copy-ceiling":
         return {"row": row, "img/s": h2d_ceiling(a.batch_size, a.seconds), "peak RSS MB": peak_rss_mb(),
                 "device": device.type}
+    if row == "gather-ceiling":
+        from fastdata._util import usable_cpus
+
+        rate = gather_ceiling(Path(a.raw), a.batch_size, a.seconds, usable_cpus(), device.type == "cuda")
+        return {"row": row, "img/s": rate, "peak RSS MB": peak_rss_mb(), "device": "host"}
     dl = _make(row, Path(a.src), Path(a.raw), Path(a.jpeg), a.batch_size, device)
     rate = drain(dl, a.seconds, device)
     return {"row": row, "img/s": rate, "peak RSS MB": peak_rss_mb(), "device": device.type}
@@ -129,7 +168,9 @@ def main() -> None:
     notes = (f"{n} JPEGs (500x375 q90, from skimage/sklearn photos), batch {a.batch_size}, {a.seconds:.0f} s per "
              f"row. PIL rows decode+RandomResizedCrop(224)+flip+normalise in workers. loader-raw-* read a "
              f"224 px raw cache (uint8: as stored; gpu-augment: RandomResizedCrop+flip+normalise on the "
-             f"device). loader-jpeg decodes a 256 px JPEG cache with PIL in threads. GPU machine only: -host delivers "
+             f"device). loader-jpeg decodes a 256 px JPEG cache with PIL in threads. gather-ceiling: one thread per CPU "
+             f"gathering random batches from the raw cache into reused slots, nothing else (this machine's "
+             f"reading ceiling). GPU machine only: -host delivers "
              f"to host memory (reading alone), -pread reads with pread() instead of the memory map, "
              f"h2d-copy-ceiling copies pinned uint8 224 px batches to the GPU and nothing else.")
     write("loader", rows, ["row", "img/s", "x PIL", "peak RSS MB", "device", "error"], notes,
