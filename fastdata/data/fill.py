@@ -8,6 +8,11 @@ about 14% more img/s from the loader alone on the H200 machine (22.3k vs
 19.7k), but a GIL hand-off per sample, which slowed an eager training thread
 (benchmarks/gil_probe.py measures that trade). JPEG caches: each sample is
 decoded with PIL, which also releases the GIL while decoding.
+
+Tried and rejected (2026-12-03): a numpy copy per sample instead of index_select, to keep reader
+threads out of ATen's OpenMP teams. Alone it gathered 39k img/s with one reader vs 12k, but its
+GIL hand-off per sample left a matmul-bound main thread 4-7% of its solo speed beside the loader,
+against 31% with index_select (2-core box, 4 readers, 10k x 224 px).
 """
 from __future__ import annotations
 
