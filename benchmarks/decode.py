@@ -63,9 +63,9 @@ def main() -> None:
                 with GpuSampler() as sampler:
                     rate = drain(dl, a.seconds)
                 use = sampler.summary()
-                rows.append({"backend": name, "source": label, "img/s": rate, "SM activity %":
-                             use.get("sm_util", float("nan")), "JPEG engine %": use.get("jpeg_engine_util",
-                             float("nan")), "ran": dl.source})
+                rows.append({"backend": name, "source": label, "img/s": rate,
+                             "SM activity %": use.get("sm_util", float("nan")),
+                             "JPEG engine %": use.get("jpeg_engine_util", float("nan")), "ran": dl.source})
                 del dl
             except Exception as e:  # noqa: BLE001 - a missing backend must not lose the other rows
                 log.exception("%s on %s failed", name, label)
@@ -74,7 +74,8 @@ def main() -> None:
     notes = (f"Batch {a.batch_size}, RandomResizedCrop 224 + flip + normalise to bf16 on the decoding device, "
              f"{a.seconds:.0f} s per row after 3 warm-up batches, {usable_cpus()} CPU threads. "
              f"Rerun: `python benchmarks/decode.py --src {Path(a.src).name} --jpeg ...`.")
-    write("decode", rows, ["backend", "source", "img/s", "SM activity %", "JPEG engine %", "ran"], notes, Path(a.out) if a.out else None)
+    cols = ["backend", "source", "img/s", "SM activity %", "JPEG engine %", "ran"]
+    write("decode", rows, cols, notes, Path(a.out) if a.out else None)
 
 
 if __name__ == "__main__":

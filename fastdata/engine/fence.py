@@ -37,4 +37,4 @@ def cuda_event_factory(device) -> Callable[[], object] | None:
     if device.type != "cuda":
         return None
     import torch
-    return lambda: torch.cuda.Event()
+    return torch.cuda.Event
