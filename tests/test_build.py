@@ -19,7 +19,7 @@ from fastdata.cache.merge import merge_caches
 from fastdata.cache.stage import stage_cache, unstage
 from fastdata.cache.verify import verify_cache
 from fastdata.data.dataset import CacheDataset
-from fastdata.errors import BuildError, CacheFormatError
+from fastdata.errors import BuildError, CacheFormatError, SourceError
 from fastdata.sample import make_corrupt_zoo
 
 from helpers import build
@@ -223,6 +223,7 @@ def test_stage_copies_and_falls_back(raw_cache, tmp_path, monkeypatch, caplog):
 
 @pytest.mark.parametrize("argv,needle", [
     (["build-cache", "/nonexistent/src", "/tmp/x"], "does not exist"),
+    (["build-cache", "/dev/null", "/tmp/x"], "neither a folder nor a regular file"),
     (["verify", "/nonexistent/cache"], "no manifest.json"),
     (["info", "/tmp"], "not a finished fastdata cache"),
 ])
@@ -250,4 +251,18 @@ def test_missing_source_creates_no_destination(tmp_path):
     dest = tmp_path / "never"
     with pytest.raises(Exception, match="nope"):
         build(tmp_path / "nope", dest)
+    assert not dest.exists()
+
+
+def test_unreadable_folder_in_source_is_named_and_creates_no_destination(image_folder, tmp_path, monkeypatch):
+    import fastdata.cache.sources as sources
+
+    bad = image_folder / "locked"
+
+    def denied(root, images_only):
+        raise PermissionError(13, "Permission denied", str(bad))
+    monkeypatch.setattr(sources, "_files_under", denied)
+    dest = tmp_path / "never"
+    with pytest.raises(SourceError, match=f"cannot scan {bad} \\(Permission denied\\); fix its permissions"):
+        build(image_folder, dest)
     assert not dest.exists()

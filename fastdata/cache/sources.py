@@ -91,8 +91,15 @@ def discover(src: str | Path, images_only: bool = True) -> Source:
         if src.suffix.lower() not in LIST_EXTS:
             raise SourceError(f"SRC {src} is a file but not a list (.csv/.txt/.tsv of 'path,label' lines)")
         source = _from_list(src)
+    elif not src.is_dir():
+        raise SourceError(f"SRC {src} is neither a folder nor a regular file; give an image folder "
+                          f"(class sub-folders) or a file list (.csv/.txt)")
     else:
-        source = _from_folder(src, images_only)
+        try:
+            source = _from_folder(src, images_only)
+        except OSError as e:  # unreadable sub-folder or file: name it rather than fail with a traceback
+            raise SourceError(f"SRC {src}: cannot scan {e.filename or src} ({e.strerror or e}); "
+                              f"fix its permissions or point SRC at the dataset folder itself") from e
     if not source.items:
         what = "image files (" + ", ".join(sorted(IMAGE_EXTS)) + ")" if images_only else "files"
         raise SourceError(f"SRC {src}: no {what} found; expected class sub-folders of images, "
