@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -175,9 +176,13 @@ def test_torchrun_two_process_gloo_agrees_with_one_process(raw_cache, tmp_path, 
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     worker = str(here / "ddp_worker.py")
     subprocess.run([sys.executable, worker, str(raw_cache), str(one), "none", "16"], check=True, env=env)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                    str(29500 + (mode == "zero")), worker, str(raw_cache), str(two), mode, "16"],
-                   check=True, env=env, capture_output=True)
+    with socket.socket() as s:  # a port free now, not a fixed one another process may hold
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                        str(port), worker, str(raw_cache), str(two), mode, "16"], env=env, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
     a, b = torch.load(one), torch.load(two)
     for k in a["model"]:
         assert torch.allclose(a["model"][k], b["model"][k], atol=1e-5), k
