@@ -159,6 +159,16 @@ def test_augment_flip_and_full_crop_match_reference():
         assert same or flipped
 
 
+def test_fused_augment_equals_eager_including_a_partial_batch():
+    img = torch.randint(0, 255, (12, 40, 40, 3), dtype=torch.uint8)
+    for n in (12, 5):   # a last partial batch reuses the compiled kernel (dynamic shapes)
+        eager = augment_batch(img[:n], AugmentConfig(size=24), torch.Generator().manual_seed(3))
+        fused = augment_batch(img[:n], AugmentConfig(size=24, fused=True), torch.Generator().manual_seed(3))
+        assert fused.shape == eager.shape == (n, 3, 24, 24)
+        assert fused.is_contiguous(memory_format=torch.channels_last)
+        assert torch.allclose(fused, eager, atol=1e-3)
+
+
 def test_cache_dataset_in_plain_dataloader_with_workers(raw_cache):
     ref = _reference(raw_cache)
     dl = DataLoader(CacheDataset(raw_cache), batch_size=10, num_workers=2, shuffle=False)

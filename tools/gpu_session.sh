@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement of a session, in stages that each fit one 10-minute call on the lent GPU machine.
 #
-#   bash tools/gpu_session.sh STAGE [STAGE...]     stages: tests loader train data dali decode pipeline
+#   bash tools/gpu_session.sh STAGE [STAGE...]     stages: tests loader augment train data dali decode pipeline
 #
 # Results land in $OUT (the device tool fetches them) or benchmarks/results/. Data sets are generated
 # once under $WORK (default /tmp/fastdata-gpu) and reused by later stages on the same machine.
@@ -18,10 +18,14 @@ mkdir -p "$WORK" "$RES"
 [ -d /tmp/dalisite/nvidia/dali ] && export PYTHONPATH="$PYTHONPATH:/tmp/dalisite"
 
 stage_tests() {   # GPU tests; the DALI ones skip until stage dali has run
+    $PY -m fastdata.dali.hwjpeg | tee "$RES/hwjpeg.json"; ls /dev/nvidia* | tr '\n' ' '; echo
     $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider 2>&1 | tee "$RES/gpu-tests.txt" | tail -25
 }
 stage_loader() {
     $PY benchmarks/loader.py --per-class 1000 --seconds 5 --work "$WORK/loader" --out "$RES"
+}
+stage_augment() {
+    $PY benchmarks/augment.py --out "$RES"
 }
 stage_train() {
     $PY benchmarks/train.py --model resnet50 --batch-size 256 --seconds 5 --classes 10 \
@@ -56,7 +60,7 @@ stage_decode() {
     $PY benchmarks/decode.py --src "$WORK/pipe/src" --jpeg "$WORK/pipe/jpeg256" --seconds 4 --out "$RES"
 }
 stage_pipeline() {
-    $PY benchmarks/pipeline.py --work "$WORK/pipe" --seconds 6 --out "$RES" 2>&1 | tee "$RES/pipeline.log" \
+    $PY benchmarks/pipeline.py --work "$WORK/pipe" --seconds 6 --out "$RES" ${PIPE_ROWS:+--rows $PIPE_ROWS} 2>&1 | tee "$RES/pipeline.log" \
         | grep -v "^\[rank\|Warning" | tail -60
 }
 

@@ -32,6 +32,7 @@ class AugmentConfig:
     std: tuple[float, float, float] = IMAGENET_STD
     dtype: str = "float32"                # float32 | bfloat16 | float16
     channels_last: bool = True
+    fused: bool = False                   # torch.compile the sampling into one kernel (see _sample)
 
 
 def _crop_theta(n: int, h: int, w: int, cfg: AugmentConfig, gen: torch.Generator | None,
@@ -71,17 +72,40 @@ def _norm_constants(mean, std, device: torch.device) -> tuple[torch.Tensor, torc
     return _CONSTANTS[key]
 
 
+def _sample(images: torch.Tensor, theta: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, size: int,
+            dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+    """Crop, resize and flip by the affine maps, then normalise: uint8 NHWC -> cfg.dtype NCHW.
+
+    Eager, this is five passes over the batch (a float copy of the whole uint8 input, the grid,
+    grid_sample, addcmul, the dtype cast), which on the GPU compete with the training step for
+    memory bandwidth. Compiled (AugmentConfig.fused), Inductor decomposes bilinear grid_sample into
+    gathers and fuses everything into one kernel that reads uint8 and writes the output once."""
+    n, h, w, c = images.shape
+    x = images.permute(0, 3, 1, 2).float()              # NCHW view of NHWC memory: channels_last already
+    grid = F.affine_grid(theta, [n, c, size, size], align_corners=False)
+    out = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    out = torch.addcmul(shift, out, scale)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return out.to(dtype=dtype, memory_format=fmt)
+
+
+_FUSED: list = []
+
+
+def _fused_sample():
+    """The compiled _sample, made once per process (dynamic shapes: a last partial batch reuses it)."""
+    if not _FUSED:
+        _FUSED.append(torch.compile(_sample, dynamic=True))
+    return _FUSED[0]
+
+
 def augment_batch(images: torch.Tensor, cfg: AugmentConfig, gen: torch.Generator | None = None) -> torch.Tensor:
     """uint8 (N, H, W, C) on any device -> normalised (N, C, size, size) in cfg.dtype."""
     n, h, w, c = images.shape
-    x = images.permute(0, 3, 1, 2).float()              # NCHW view of NHWC memory: channels_last already
-    theta = _crop_theta(n, h, w, cfg, gen, images.device)
-    grid = F.affine_grid(theta, [n, c, cfg.size, cfg.size], align_corners=False)
-    out = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    theta = _crop_theta(n, h, w, cfg, gen, images.device)   # eager: torch.rand with a generator
     scale, shift = _norm_constants(cfg.mean, cfg.std, images.device)
-    out = torch.addcmul(shift, out, scale)
-    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    return out.to(dtype=getattr(torch, cfg.dtype), memory_format=fmt)
+    sample = _fused_sample() if cfg.fused else _sample
+    return sample(images, theta, scale, shift, cfg.size, getattr(torch, cfg.dtype), cfg.channels_last)
 
 
 def batch_seed(seed: int, epoch: int, batch: int) -> int:

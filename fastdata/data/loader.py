@@ -2,7 +2,7 @@
 
 Per batch::
 
-    reader thread:  memory-mapped shard --index_select--> pinned uint8 slot   (GIL released)
+    reader thread:  memory-mapped shard --numpy.take--> pinned uint8 slot   (GIL released)
     main thread:    pinned slot --non_blocking copy on a side stream--> GPU uint8
     main stream:    wait for the copy event --> augment (crop, flip, normalise) --> yield
 
@@ -38,7 +38,7 @@ class LoaderConfig:
     seed: int = 0
     drop_last: bool = False
     augment: AugmentConfig | None = None
-    threads: int = 4                 # reader threads (index_select / JPEG decode release the GIL)
+    threads: int = 4                 # reader threads (numpy.take / JPEG decode release the GIL)
     prefetch: int = 6                # batches being read ahead
     window: int = 16384
     read: str = "mmap"               # raw caches: mmap (one gather per shard) | pread (see fill.py)
