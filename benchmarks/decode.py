@@ -2,9 +2,11 @@
 
     python benchmarks/decode.py --src IMAGE_FOLDER --jpeg JPEG_CACHE [--seconds 5] [--backends dali,nvjpeg,cpu]
 
-No model runs: this is how fast each backend can feed one. DALI runs twice
+No model runs: this is how fast each backend can feed one. DALI runs four times
 on a GPU, with the hardware JPEG decoder off (hw_decoder_load=0: nvJPEG on
-the SMs, which then compete with training) and at its default share. On a GPU
+the SMs, which then compete with training) and at its default share, then
+with Huffman decoding moved from CPU threads to the GPU, and with 4 CPU
+threads instead of all (if that row is as fast, decoding is not CPU-bound). On a GPU
 each row also reports GPM SM activity and the hardware JPEG engines' NVML
 utilization, which says whether the hardware decoder was used at all. Writes
 Markdown + JSON to benchmarks/results/.
@@ -28,7 +30,10 @@ def settings(backends: list[str], gpu: bool) -> list[tuple[str, dict]]:
     for b in backends:
         if b == "dali" and gpu:
             out += [("dali mixed, hw decoder off", dict(backend="dali", hw_decoder_load=0.0)),
-                    ("dali mixed, hw decoder 0.65", dict(backend="dali", hw_decoder_load=0.65))]
+                    ("dali mixed, hw decoder 0.65", dict(backend="dali", hw_decoder_load=0.65)),
+                    ("dali mixed, hw off, Huffman on GPU", dict(backend="dali", hw_decoder_load=0.0,
+                                                                hybrid_huffman_threshold=0)),
+                    ("dali mixed, hw off, 4 CPU threads", dict(backend="dali", hw_decoder_load=0.0, threads=4))]
         elif b == "dali":
             out.append(("dali cpu", dict(backend="dali", device="cpu")))
         elif b == "nvjpeg" and gpu:
@@ -60,7 +65,7 @@ def main() -> None:
             if path is None:
                 continue
             try:
-                dl = decode_loader(path, a.batch_size, dtype="bfloat16", threads=usable_cpus(), **kw)
+                dl = decode_loader(path, a.batch_size, dtype="bfloat16", **{"threads": usable_cpus(), **kw})
                 with GpuSampler() as sampler:
                     rate = drain(dl, a.seconds)
                 use = sampler.summary()

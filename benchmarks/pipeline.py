@@ -126,6 +126,15 @@ def _pil_rows(a, rows: Rows, eng: Engines, src: Path, info: dict, fit: dict) -> 
     rows.add(f"5 + batch search (best {best}): accumulate {accum} x {bs}", lambda: e5.fit(tuned, **fit))
 
 
+def _dali_options(a) -> dict:
+    """--dali-prefetch / --huffman-threshold for the DALI rows; nothing for other backends."""
+    from fastdata.dali import choose_backend
+
+    if choose_backend(a.backend) != "dali" or not torch.cuda.is_available():
+        return {}
+    return {"prefetch": a.dali_prefetch, "hybrid_huffman_threshold": a.huffman_threshold}
+
+
 def run(a, save) -> tuple[list[dict], dict]:
     import fastdata
     from fastdata.dali import decode_loader
@@ -145,7 +154,7 @@ def run(a, save) -> tuple[list[dict], dict]:
                             ("7", src, "7 GPU decode from the JPEG files")):
         if rows.wants(name):
             dl = decoders[key] = decode_loader(path, bs, backend=a.backend, dtype="bfloat16", threads=12,
-                                               drop_last=True)
+                                               drop_last=True, **_dali_options(a))
             rows.add(name, lambda: eng("compiled").fit(dl, **fit), dl.source)
     if rows.wants("7b") and dev.type == "cuda" and a.backend in ("auto", "dali"):   # the fallback beside DALI
         dl7b = decode_loader(src, bs, backend="nvjpeg", dtype="bfloat16", threads=12, drop_last=True)
@@ -188,6 +197,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--backend", default="auto", help="GPU decode backend for rows 6b/7: auto|dali|nvjpeg")
     ap.add_argument("--photos", default=None)
+    ap.add_argument("--dali-prefetch", type=int, default=2, help="batches DALI decodes ahead (rows 6b/7)")
+    ap.add_argument("--huffman-threshold", type=int, default=1_000_000,
+                    help="DALI: images with fewer pixels get CPU Huffman decoding (0: all on the GPU)")
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--compile", default="default")
     ap.add_argument("--rows", default=None, help="only these rows: 1,2,3,4,5,6a,6b,7,7b,8,8b,ceiling,synthetic")

@@ -60,7 +60,7 @@ stage_decode() {
     $PY benchmarks/decode.py --src "$WORK/pipe/src" --jpeg "$WORK/pipe/jpeg256" --seconds 4 --out "$RES"
 }
 stage_pipeline() {
-    $PY benchmarks/pipeline.py --work "$WORK/pipe" --seconds 6 --out "$RES" ${PIPE_ROWS:+--rows $PIPE_ROWS} 2>&1 | tee "$RES/pipeline.log" \
+    $PY benchmarks/pipeline.py --work "$WORK/pipe" --seconds 6 --out "$RES" ${PIPE_ROWS:+--rows $PIPE_ROWS} ${PIPE_ARGS:-} 2>&1 | tee "$RES/pipeline.log" \
         | grep -v "^\[rank\|Warning" | tail -60
 }
 

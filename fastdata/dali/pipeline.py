@@ -43,6 +43,10 @@ class DaliConfig:
     threads: int = 4               # DALI's CPU threads (and as many file-reading threads)
     prefetch: int = 2              # batches DALI decodes ahead of the training step
     hw_decoder_load: float = 0.65  # share of images sent to the A100/H100 hardware JPEG decoder
+    # images with fewer pixels get their Huffman decoding on DALI's CPU threads (nvJPEG hybrid), the rest
+    # on the GPU; DALI's default 1M sends every ImageNet-sized JPEG to the CPU. 0: all on the GPU, which
+    # frees CPU threads but costs SM time that training would use (benchmarks/decode.py measures both).
+    hybrid_huffman_threshold: int = 1_000_000
     rank: int = 0
     world_size: int = 1
 
@@ -96,7 +100,8 @@ def _graph(feeder, cfg: DaliConfig, gpu: bool):
     aug = cfg.augment
     encoded, labels = fn.external_source(source=feeder, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64])
     dev = "mixed" if gpu else "cpu"
-    extra = {"hw_decoder_load": cfg.hw_decoder_load} if gpu else {}
+    extra = {"hw_decoder_load": cfg.hw_decoder_load,
+             "hybrid_huffman_threshold": cfg.hybrid_huffman_threshold} if gpu else {}
     if aug.train:
         images = fn.decoders.image_random_crop(encoded, device=dev, output_type=types.RGB,
                                                random_area=list(aug.scale), random_aspect_ratio=list(aug.ratio),
