@@ -1,7 +1,8 @@
 """Reader-thread work: gather one batch of samples from mapped shards into a (pinned) slot.
 
-Raw caches, read="mmap" (default): one numpy.take per shard the batch
-touches, from the memory-mapped shard into the slot. numpy.take releases the
+Raw caches, read="mmap" (default): one numpy.take for the whole batch over
+every mapped shard (gather.py), or, where that table does not apply, one per
+shard the batch touches, from the memory-mapped shard into the slot. numpy.take releases the
 GIL for the whole gather, so the training thread keeps launching kernels, and
 it copies on the calling thread only. torch.index_select did the same job
 until 2026-12-03, but from a non-main thread it opens an OpenMP team sized for
@@ -30,7 +31,10 @@ import torch
 
 from ..cache.codecs import decode_jpeg_rgb
 from ..errors import CacheFormatError
+from .gather import gather
 from .reader import Cache
+
+CHECK_EVERY_S = 0.25   # a shard found unchanged is stat()ed again after this long, not every batch
 
 
 def _groups(cache: Cache, idx: np.ndarray):
@@ -64,6 +68,13 @@ def fill_batch(cache: Cache, idx: np.ndarray, slot: dict, read: str = "mmap") ->
         copied.synchronize()  # host wait, in this reader thread: the previous copy out of the slot is done
     images, labels = slot["images"], slot["labels"]
     shape = cache.sample_shape
+    table = cache.gather_table() if read == "mmap" else None
+    if table is not None:   # the whole batch in one call: one GIL release (gather.py says why)
+        shard_ids = np.unique(np.searchsorted(cache.starts, idx, side="right") - 1)
+        cache.check_unchanged(shard_ids, max_age=CHECK_EVERY_S)
+        labels[:len(idx)] = torch.from_numpy(table.labels[idx])
+        gather(table, idx, images.numpy())
+        return
     for s, local, lo, hi in _groups(cache, idx):
         shard = cache.shard(s)
         cache.check_unchanged([s])

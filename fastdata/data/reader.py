@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import bisect
 import os
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,12 +135,16 @@ class Cache:
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._shards: dict[int, Shard] = {}
         self._pid = os.getpid()
+        self._table, self._lock, self._checked = None, threading.Lock(), {}
 
     def __len__(self) -> int:
         return self.manifest.num_samples
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_shards": {}}
+        return {**self.__dict__, "_shards": {}, "_table": None, "_lock": None, "_checked": {}}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
     @property
     def num_shards(self) -> int:
@@ -150,7 +156,7 @@ class Cache:
 
     def shard(self, i: int) -> Shard:
         if self._pid != os.getpid():  # forked: mappings are fine, but keep handles per process
-            self._shards, self._pid = {}, os.getpid()
+            self._shards, self._table, self._checked, self._pid = {}, None, {}, os.getpid()
         if i not in self._shards:
             info = self.manifest.shards[i]
             self._shards[i] = open_shard(self.path / info.name, info, self.path)
@@ -172,15 +178,33 @@ class Cache:
         return np.concatenate([self.shard(i).labels for i in range(self.num_shards)]) if self.num_shards else \
             np.zeros(0, np.int64)
 
-    def check_unchanged(self, shard_ids=None) -> None:
+    def gather_table(self):
+        """The one-call batch gather table of a fixed-shape raw cache (fastdata/data/gather.py), built
+        once per process on first use by mapping every shard; None where it does not apply."""
+        if self.manifest.kind != "raw" or self.sample_shape is None:
+            return None
+        if self._table is None or self._pid != os.getpid():
+            from .gather import build_table
+
+            with self._lock:
+                if self._table is None or self._pid != os.getpid():
+                    shards = [self.shard(i) for i in range(self.num_shards)]
+                    table = build_table(shards, int(np.prod(self.sample_shape)))
+                    self._table = table if table is not None else False
+        return self._table or None
+
+    def check_unchanged(self, shard_ids=None, max_age: float = 0.0) -> None:
         """Raise if a mapped shard was replaced or resized on disk (a cache rebuilt under a reader).
 
         Reading a memory-mapped file that shrank kills the process with SIGBUS, so
         loaders call this before touching a shard rather than finding out that way.
+        max_age > 0 skips shards that passed a check less than max_age seconds ago: each
+        check is a stat() that gives up the GIL, which a reader must then win back.
         """
+        now_t = time.monotonic()
         for i in (self._shards if shard_ids is None else shard_ids):
             shard = self._shards.get(int(i))
-            if shard is None:
+            if shard is None or (max_age and now_t - self._checked.get(int(i), -1e9) < max_age):
                 continue
             try:
                 st = shard.path.stat()
@@ -190,6 +214,7 @@ class Cache:
             if now != shard.stat:
                 raise CacheFormatError(f"{shard.path}: changed on disk while being read (size {shard.stat[0]} -> "
                                        f"{now[0]} B); do not rebuild or move a cache that a job is reading")
+            self._checked[int(i)] = now_t
 
 
 def open_cache(path: str | Path) -> Cache:
