@@ -31,6 +31,7 @@ def settings(backends: list[str], gpu: bool) -> list[tuple[str, dict]]:
         if b == "dali" and gpu:
             out += [("dali mixed, hw decoder off", dict(backend="dali", hw_decoder_load=0.0)),
                     ("dali mixed, hw decoder 0.65", dict(backend="dali", hw_decoder_load=0.65)),
+                    ("dali mixed, hw decoder 1.0", dict(backend="dali", hw_decoder_load=1.0)),
                     ("dali mixed, hw off, Huffman on GPU", dict(backend="dali", hw_decoder_load=0.0,
                                                                 hybrid_huffman_threshold=0)),
                     ("dali mixed, hw off, 4 CPU threads", dict(backend="dali", hw_decoder_load=0.0, threads=4))]

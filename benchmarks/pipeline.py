@@ -127,12 +127,13 @@ def _pil_rows(a, rows: Rows, eng: Engines, src: Path, info: dict, fit: dict) -> 
 
 
 def _dali_options(a) -> dict:
-    """--dali-prefetch / --huffman-threshold for the DALI rows; nothing for other backends."""
+    """--dali-prefetch / --huffman-threshold / --hw-decoder-load for the DALI rows; nothing for others."""
     from fastdata.dali import choose_backend
 
     if choose_backend(a.backend) != "dali" or not torch.cuda.is_available():
         return {}
-    return {"prefetch": a.dali_prefetch, "hybrid_huffman_threshold": a.huffman_threshold}
+    return {"prefetch": a.dali_prefetch, "hybrid_huffman_threshold": a.huffman_threshold,
+            "hw_decoder_load": a.hw_decoder_load}
 
 
 def run(a, save) -> tuple[list[dict], dict]:
@@ -200,6 +201,8 @@ def main() -> None:
     ap.add_argument("--dali-prefetch", type=int, default=2, help="batches DALI decodes ahead (rows 6b/7)")
     ap.add_argument("--huffman-threshold", type=int, default=1_000_000,
                     help="DALI: images with fewer pixels get CPU Huffman decoding (0: all on the GPU)")
+    ap.add_argument("--hw-decoder-load", type=float, default=1.0,
+                    help="DALI: share of images sent to the hardware JPEG decoder (rows 6b/7)")
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--compile", default="default")
     ap.add_argument("--rows", default=None, help="only these rows: 1,2,3,4,5,6a,6b,7,7b,8,8b,ceiling,synthetic")

@@ -1,26 +1,22 @@
 """Reader-thread work: gather one batch of samples from mapped shards into a (pinned) slot.
 
 Raw caches, read="mmap" (default): one numpy.take for the whole batch over
-every mapped shard (gather.py), or, where that table does not apply, one per
-shard the batch touches, from the memory-mapped shard into the slot. numpy.take releases the
-GIL for the whole gather, so the training thread keeps launching kernels, and
-it copies on the calling thread only. torch.index_select did the same job
-until 2026-12-03, but from a non-main thread it opens an OpenMP team sized for
-every core, so 4 readers on the 16-core GPU machine ran 64 threads (spinning
-between batches); one reader gathered 11-12k img/s against numpy.take's
-43-45k, and at an equal delivered rate (4k, 8k img/s) a training thread beside
-4 readers kept 82-92% of its solo speed with numpy.take vs 76-89%
-(2-core box, 10k x 224 px; /tmp scripts recorded in the stop-15 closing note).
-read="pread": one os.preadv per run of consecutive samples; no page faults,
-about 14% more img/s from the loader alone on the H200 machine (22.3k vs
-19.7k), but a GIL hand-off per sample, which slowed an eager training thread
-(benchmarks/gil_probe.py measures that trade). JPEG caches: each sample is
-decoded with PIL, which also releases the GIL while decoding.
+every shard mapped back to back in one address range (gather.py: one GIL
+release per batch, copying on this thread only). Where that table does not
+apply, one numpy.take per shard the batch touches. On the H200 machine
+(16 cores, 10k x 224 px, 8 readers) this delivers 155k img/s to the GPU and
+gathers 203k img/s with one thread per core (2026-12-03), against 11k and
+14k with the index_select per shard used before.
 
-Tried and rejected (2026-12-03): a numpy copy per sample instead of index_select, to keep reader
-threads out of ATen's OpenMP teams. Alone it gathered 39k img/s with one reader vs 12k, but its
-GIL hand-off per sample left a matmul-bound main thread 4-7% of its solo speed beside the loader,
-against 31% with index_select (2-core box, 4 readers, 10k x 224 px).
+Why not torch.index_select: from a non-main thread it opens an OpenMP team
+sized for every core, so 4 readers on 16 cores ran 64 threads; one reader
+gathered 11-12k img/s on the 2-core box against numpy.take's 43-45k. Why not
+one copy per sample: a GIL hand-off per sample left a matmul-bound main
+thread 4-7% of its solo speed beside 4 readers, against 31%.
+
+read="pread": one os.preadv per run of consecutive samples (no page faults,
+but a GIL hand-off per run; 17k img/s on the H200 machine). JPEG caches:
+each sample is decoded with PIL, which releases the GIL while decoding.
 """
 from __future__ import annotations
 
