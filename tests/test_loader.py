@@ -169,6 +169,14 @@ def test_fused_augment_equals_eager_including_a_partial_batch():
         assert torch.allclose(fused, eager, atol=1e-3)
 
 
+def test_make_loader_passes_fused_augment_to_the_cache_loader(raw_cache):
+    from fastdata.data.select import make_loader
+
+    for fused in (False, True):
+        dl = make_loader(raw_cache, 8, device="cpu", image_size=32, fused_augment=fused)
+        assert dl.cfg.augment.fused is fused and dl.cfg.augment.size == 32
+
+
 def test_cache_dataset_in_plain_dataloader_with_workers(raw_cache):
     ref = _reference(raw_cache)
     dl = DataLoader(CacheDataset(raw_cache), batch_size=10, num_workers=2, shuffle=False)

@@ -63,8 +63,10 @@ def run_train(a) -> int:
     curve = None
     if bs == "auto":
         bs, curve = auto_batch(engine, a.image_size)
+    # a compiled GPU run compiles the augmentation too: its few seconds are nothing beside the model's
+    fused = cfg.compile != "off" and engine.device.type == "cuda"
     loader = make_loader(a.data, int(bs), backend=a.backend, image_size=a.image_size, seed=a.seed,
-                         device=str(engine.device))
+                         device=str(engine.device), fused_augment=fused)
     if a.resume:
         engine.load(a.resume, loader)
     report = engine.fit(loader, steps=a.steps, epochs=a.epochs)
