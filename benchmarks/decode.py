@@ -2,11 +2,11 @@
 
     python benchmarks/decode.py --src IMAGE_FOLDER --jpeg JPEG_CACHE [--seconds 5] [--backends dali,nvjpeg,cpu]
 
-No model runs: this is how fast each backend can feed one. DALI runs four times
-on a GPU, with the hardware JPEG decoder off (hw_decoder_load=0: nvJPEG on
-the SMs, which then compete with training) and at its default share, then
-with Huffman decoding moved from CPU threads to the GPU, and with 4 CPU
-threads instead of all (if that row is as fast, decoding is not CPU-bound). On a GPU
+No model runs: this is how fast each backend can feed one. DALI runs five
+times on a GPU: with the hardware JPEG decoder off (hw_decoder_load=0), at
+DALI's default share (0.65) and with every image sent to it (1.0), then with
+Huffman decoding moved from CPU threads to the GPU, and with 4 CPU threads
+instead of all (if that row is as fast, decoding is not CPU-bound). On a GPU
 each row also reports GPM SM activity and the hardware JPEG engines' NVML
 utilization, which says whether the hardware decoder was used at all. Writes
 Markdown + JSON to benchmarks/results/.
