@@ -89,17 +89,3 @@ def test_epoch_left_early_continues_with_unseen_samples(image_folder):
     assert dl.coverage()["repeated"] == 0 and dl.coverage()["missed"] == 0
     second_epoch = epoch_indices(dl)
     assert len(np.concatenate(second_epoch)) == 120
-
-
-def test_decode_failure_is_raised_in_the_training_thread_with_the_path(image_folder, tmp_path):
-    import shutil
-    import threading
-
-    src = tmp_path / "images"
-    shutil.copytree(image_folder, src)
-    victim = sorted(src.rglob("*.jpg"))[0]
-    victim.write_bytes(b"not a jpeg at all" * 10)
-    with pytest.raises(LoaderError, match=str(src)):
-        for _ in decode_loader(src, 8, backend="dali", image_size=32, device="cpu", shuffle=False):
-            pass
-    assert not [t for t in threading.enumerate() if t.name == "fastdata-dali-run"]   # producer ended

@@ -18,9 +18,6 @@ pipeline rather than hand out stale batches.
 """
 from __future__ import annotations
 
-import contextlib
-import queue
-import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -160,74 +157,22 @@ class DaliLoader(Resumable):
         return pipe
 
     def __iter__(self):
-        """One epoch. DALI runs in a producer thread (_produce), so feeding it the encoded bytes, its
-        scheduling and the copy of its outputs into torch tensors never occupy the training thread,
-        which only takes finished batches from a queue."""
         batches = self._epoch_batches()
         self._feeder.start(batches)
         if not self._clean:            # the last epoch was left early: DALI holds its prefetched batches
             self.pipe = self._build()
         self.pipe.build()
         self._clean = False
-        ready, stop = queue.Queue(maxsize=self.cfg.prefetch), threading.Event()
-        producer = threading.Thread(target=self._produce, args=(len(batches), ready, stop), daemon=True,
-                                    name="fastdata-dali-run")
-        producer.start()
-        try:
-            for idx in batches:
-                item = ready.get()
-                if isinstance(item, BaseException):
-                    batch_no = self.order.position // self.cfg.batch_size
-                    raise LoaderError(f"{self.encoded.path}: DALI failed on batch {batch_no} of epoch "
-                                      f"{self.order.epoch}: {item}") from item
-                x, y = item
-                if self.gpu:           # made on the producer's stream, used and freed on this one
-                    main = torch.cuda.current_stream(self.device)
-                    x.record_stream(main)
-                    y.record_stream(main)
-                self._yielded(idx)
-                yield Batch(x, y, torch.from_numpy(idx), self.source)
-        finally:
-            stop.set()
-            while producer.is_alive():  # unblock a producer waiting on a full queue, then let it end
-                try:
-                    ready.get(timeout=0.05)
-                except queue.Empty:
-                    pass
-            producer.join()
+        aug = self.cfg.augment
+        for idx in batches:
+            images, labels = self.pipe.run()
+            # NHWC float from DALI; the NCHW view of it is channels_last memory, no copy
+            x = _to_torch(images, self.device).permute(0, 3, 1, 2)
+            fmt = torch.channels_last if aug.channels_last else torch.contiguous_format
+            x = x.to(dtype=getattr(torch, aug.dtype), memory_format=fmt)
+            y = _to_torch(labels, self.device).view(-1)
+            self._yielded(idx)
+            yield Batch(x, y, torch.from_numpy(idx), self.source)
         self.pipe.reset()             # the feeder raised StopIteration inside DALI's prefetch
         self._clean = True
         self.order.next_epoch()
-
-    def _produce(self, n: int, ready: queue.Queue, stop: threading.Event) -> None:
-        """Run DALI n times; put (images, labels) torch tensors, or the exception, on `ready`."""
-        aug = self.cfg.augment
-        stream = torch.cuda.Stream(self.device) if self.gpu else None
-        fmt = torch.channels_last if aug.channels_last else torch.contiguous_format
-        try:
-            for _ in range(n):
-                if stop.is_set():
-                    return
-                images, labels = self.pipe.run()
-                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                    # NHWC float from DALI; the NCHW view of it is channels_last memory, no copy
-                    x = _to_torch(images, self.device).permute(0, 3, 1, 2)
-                    x = x.to(dtype=getattr(torch, aug.dtype), memory_format=fmt)
-                    y = _to_torch(labels, self.device).view(-1)
-                if stream is not None:
-                    stream.synchronize()   # host wait, in this thread: DALI may reuse its buffers next run
-                if not _put(ready, (x, y), stop):
-                    return
-        except Exception as e:  # noqa: BLE001 - handed to the training thread, which raises it
-            _put(ready, e, stop)
-
-
-def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
-    """Put, waiting while the queue is full, unless the consumer has gone (stop set)."""
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            pass
-    return False
