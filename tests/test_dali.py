@@ -89,3 +89,14 @@ def test_epoch_left_early_continues_with_unseen_samples(image_folder):
     assert dl.coverage()["repeated"] == 0 and dl.coverage()["missed"] == 0
     second_epoch = epoch_indices(dl)
     assert len(np.concatenate(second_epoch)) == 120
+
+
+def test_decode_failure_is_raised_with_the_source_path(image_folder, tmp_path):
+    import shutil
+
+    src = tmp_path / "images"
+    shutil.copytree(image_folder, src)
+    sorted(src.rglob("*.jpg"))[0].write_bytes(b"not a jpeg at all" * 10)
+    with pytest.raises(LoaderError, match=str(src)):
+        for _ in decode_loader(src, 8, backend="dali", image_size=32, device="cpu", shuffle=False):
+            pass
