@@ -33,9 +33,14 @@ from .reader import Cache
 CHECK_EVERY_S = 0.25   # a shard found unchanged is stat()ed again after this long, not every batch
 
 
+def _shard_ids(cache: Cache, idx: np.ndarray) -> np.ndarray:
+    """The shard holding each global index."""
+    return np.searchsorted(cache.starts, idx, side="right") - 1
+
+
 def _groups(cache: Cache, idx: np.ndarray):
     """(shard, local indices, batch positions) for each shard the sorted batch touches."""
-    shard_ids = np.searchsorted(cache.starts, idx, side="right") - 1
+    shard_ids = _shard_ids(cache, idx)
     bounds = np.flatnonzero(np.diff(shard_ids)) + 1
     for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(idx)]])):
         s = int(shard_ids[lo])
@@ -63,14 +68,13 @@ def fill_batch(cache: Cache, idx: np.ndarray, slot: dict, read: str = "mmap") ->
     if copied is not None:
         copied.synchronize()  # host wait, in this reader thread: the previous copy out of the slot is done
     images, labels = slot["images"], slot["labels"]
-    shape = cache.sample_shape
     table = cache.gather_table() if read == "mmap" else None
     if table is not None:   # the whole batch in one call: one GIL release (gather.py says why)
-        shard_ids = np.unique(np.searchsorted(cache.starts, idx, side="right") - 1)
-        cache.check_unchanged(shard_ids, max_age=CHECK_EVERY_S)
+        cache.check_unchanged(np.unique(_shard_ids(cache, idx)), max_age=CHECK_EVERY_S)
         labels[:len(idx)] = torch.from_numpy(table.labels[idx])
         gather(table, idx, images.numpy())
         return
+    shape = cache.sample_shape
     for s, local, lo, hi in _groups(cache, idx):
         shard = cache.shard(s)
         cache.check_unchanged([s])
