@@ -57,8 +57,10 @@ def test_rank_split_complete_and_equal(image_folder, world):
     assert len(np.unique(joined)) == len(joined) == 120 - 120 % world
 
 
-def test_train_mode_shapes_and_resume(image_folder):
-    make = lambda: decode_loader(image_folder, 8, backend="dali", image_size=32, device="cpu", seed=5)  # noqa: E731
+@pytest.mark.parametrize("reader", ["native", "feed"])
+def test_train_mode_shapes_and_resume(image_folder, reader):
+    make = lambda: decode_loader(image_folder, 8, backend="dali", image_size=32, device="cpu", seed=5,  # noqa: E731
+                                 file_reader=reader)
     b = next(iter(make()))
     assert b.images.shape == (8, 3, 32, 32) and b.images.is_contiguous(memory_format=torch.channels_last)
     check_resume(make, 5)
@@ -73,10 +75,12 @@ def test_auto_backend_prefers_dali():
     assert choose_backend("auto") == "dali"
 
 
-def test_epoch_left_early_continues_with_unseen_samples(image_folder):
+@pytest.mark.parametrize("reader", ["native", "feed"])
+def test_epoch_left_early_continues_with_unseen_samples(image_folder, reader):
     """The async pipeline holds prefetched batches when an epoch is left early; the next pass must not
     hand them out again, but continue with exactly the samples not yet seen."""
-    make = lambda: decode_loader(image_folder, 8, backend="dali", image_size=32, device="cpu", seed=3)  # noqa: E731
+    make = lambda: decode_loader(image_folder, 8, backend="dali", image_size=32, device="cpu", seed=3,  # noqa: E731
+                                 file_reader=reader)
     full = epoch_indices(make())
     dl = make()
     seen = []
@@ -100,3 +104,45 @@ def test_decode_failure_is_raised_with_the_source_path(image_folder, tmp_path):
     with pytest.raises(LoaderError, match=str(src)):
         for _ in decode_loader(src, 8, backend="dali", image_size=32, device="cpu", shuffle=False):
             pass
+
+
+def _count_pipelines(dl) -> list:
+    built, start = [], dl._start
+    dl._start = lambda: (built.append(1), start())
+    return built
+
+
+@pytest.mark.parametrize("reader", ["native", "feed"])
+def test_epochs_run_through_one_pipeline(image_folder, reader):
+    """No drain and refill at epoch ends: one pipeline serves several epochs, each exactly the order's
+    epoch (a short last batch included), labels those of the files."""
+    dl = decode_loader(image_folder, 16, backend="dali", image_size=32, device="cpu", seed=7, file_reader=reader)
+    built = _count_pipelines(dl)
+    labels = {i: item.label for i, item in enumerate(dl.encoded.items)}
+    for epoch in range(3):
+        batches = list(dl)
+        want = dl.order.epoch_batches(epoch, 0)
+        assert [b.indices.tolist() for b in batches] == [w.tolist() for w in want]
+        assert [len(b.labels) for b in batches] == [16] * 7 + [8]
+        assert all(b.labels.tolist() == [labels[i] for i in b.indices.tolist()] for b in batches)
+        assert dl.coverage()["seen"] == 120 and dl.coverage()["repeated"] == 0
+    assert len(built) == 1
+
+
+def test_native_reader_starts_a_new_files_list_where_the_last_ended(image_folder, monkeypatch):
+    """A files list holds a bounded number of batches; the next pipeline continues the order exactly."""
+    import fastdata.dali.plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "PLAN_SAMPLES", 1)     # one epoch per files list
+    make = lambda reader: decode_loader(image_folder, 16, backend="dali", image_size=32, device="cpu",  # noqa: E731
+                                        seed=2, file_reader=reader, drop_last=True)
+    native, feed = make("native"), make("feed")
+    built = _count_pipelines(native)
+    for _ in range(2):
+        assert [a.tolist() for a in epoch_indices(native)] == [a.tolist() for a in epoch_indices(feed)]
+    assert len(built) == 2
+
+
+def test_drop_last_bigger_than_the_data_is_refused(image_folder):
+    with pytest.raises(LoaderError, match="no batch of the 120 samples"):
+        decode_loader(image_folder, 256, backend="dali", image_size=32, device="cpu", drop_last=True)

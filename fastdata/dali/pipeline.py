@@ -1,25 +1,25 @@
 """DaliLoader: NVIDIA DALI decodes JPEGs with nvJPEG ("mixed") on the GPU, or on CPU without one.
 
-Encoded samples are fed through ``fn.external_source`` from the read side's
-SampleOrder (files of an image folder, or samples of a JPEG cache), so the
-shuffle, rank split, resume state and coverage audit are the same as
-fastdata.loader's. (``fn.readers.file`` was set aside: its internal shuffle
-buffer makes the visited order unknowable, which would lose exact resume.)
-Decode, random-resized crop, resize, flip and normalisation run inside the
-DALI graph on the pipeline's device.
+The samples come in the read side's SampleOrder (plan.py), so the shuffle,
+rank split, resume state and coverage audit are the same as fastdata.loader's.
+An image folder is read by DALI's own C++ ``fn.readers.file``, given this
+order as its unshuffled ``files`` list; a JPEG cache is fed through
+``fn.external_source``. (The reader's own shuffling was set aside: its
+shuffle buffer makes the visited order unknowable, which would lose exact
+resume.) Decode, random-resized crop, resize, flip and normalisation run
+inside the DALI graph on the pipeline's device.
 
-The pipeline runs DALI's asynchronous, pipelined executor: while the training
-step runs, DALI already decodes the next ``prefetch`` batches in its own
-threads and CUDA stream. Reading the encoded bytes happens in a small thread
-pool ahead of DALI asking for them, so the feeding call in the training thread
-only hands over finished lists. An epoch left early (a time limit, a break)
-leaves prefetched batches inside DALI; the next epoch then builds a fresh
-pipeline rather than hand out stale batches.
+The pipeline runs DALI's asynchronous executor: while the training step
+runs, DALI already decodes the next ``prefetch`` batches in its own threads
+and CUDA stream, through epoch boundaries. Every output carries its sample
+indices, checked against the plan. A pass left early (a time limit, a break,
+a load_state_dict) leaves batches inside DALI that the order does not expect
+next; the loader then builds a fresh pipeline from the order's state rather
+than hand them out.
 """
 from __future__ import annotations
 
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +29,7 @@ from ..data.augment import AugmentConfig
 from ..data.batch import Batch, Coverage, Resumable
 from ..data.order import OrderConfig, SampleOrder
 from ..errors import DependencyError, LoaderError
+from .plan import Feeder, Planned, files_for, native_plan, plan
 from .source import EncodedSource
 
 
@@ -40,13 +41,16 @@ class DaliConfig:
     seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
-    threads: int = 4               # DALI's CPU threads (and as many file-reading threads)
+    threads: int = 4               # DALI's CPU threads (and as many cache-reading threads)
     prefetch: int = 2              # batches DALI decodes ahead of the training step
     hw_decoder_load: float = 0.65  # share of images sent to the A100/H100 hardware JPEG decoder
     # images with fewer pixels get their Huffman decoding on DALI's CPU threads (nvJPEG hybrid), the rest
     # on the GPU; DALI's default 1M sends every ImageNet-sized JPEG to the CPU. 0: all on the GPU, which
     # frees CPU threads but costs SM time that training would use (benchmarks/decode.py measures both).
     hybrid_huffman_threshold: int = 1_000_000
+    # image folders: "native" reads files with DALI's C++ fn.readers.file; "feed" reads them in Python
+    # threads through fn.external_source, as JPEG caches always are (benchmarks/decode.py compares them)
+    file_reader: str = "native"
     rank: int = 0
     world_size: int = 1
 
@@ -62,43 +66,10 @@ def _dali():
                               "(or use backend nvjpeg / cpu)") from None
 
 
-class _Feeder:
-    """external_source callable: one batch of (encoded bytes, labels) per call; StopIteration at epoch end.
-
-    The bytes of the next batches are read ahead in threads (np.fromfile releases the GIL), so DALI's
-    call into this, which runs in the training thread, only collects a finished list.
-    """
-
-    def __init__(self, source: EncodedSource, threads: int, ahead: int) -> None:
-        self.source, self.ahead = source, ahead
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="fastdata-dali-read")
-        self.batches, self.k, self.pending = [], 0, deque()
-
-    def _read(self, idx):
-        encoded, labels = zip(*(self.source.get(i) for i in idx))
-        return list(encoded), [np.array([lab], dtype=np.int64) for lab in labels]
-
-    def start(self, batches) -> None:
-        for fut in self.pending:
-            fut.cancel()
-        self.batches, self.k, self.pending = batches, 0, deque()
-        for idx in batches[:self.ahead]:
-            self.pending.append(self.pool.submit(self._read, idx))
-
-    def __call__(self):
-        if self.k >= len(self.batches):
-            raise StopIteration
-        nxt = self.k + len(self.pending)
-        if nxt < len(self.batches):
-            self.pending.append(self.pool.submit(self._read, self.batches[nxt]))
-        self.k += 1
-        return self.pending.popleft().result()
-
-
-def _graph(feeder, cfg: DaliConfig, gpu: bool):
+def _graph(encoded, idx, cfg: DaliConfig, gpu: bool):
+    """encoded JPEG bytes + sample indices -> (images NHWC float, indices on CPU, indices on device)."""
     dali, fn, types = _dali()
     aug = cfg.augment
-    encoded, labels = fn.external_source(source=feeder, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64])
     dev = "mixed" if gpu else "cpu"
     extra = {"hw_decoder_load": cfg.hw_decoder_load,
              "hybrid_huffman_threshold": cfg.hybrid_huffman_threshold} if gpu else {}
@@ -115,15 +86,18 @@ def _graph(feeder, cfg: DaliConfig, gpu: bool):
     images = fn.crop_mirror_normalize(images, crop=[aug.size, aug.size], mirror=mirror, dtype=types.FLOAT,
                                       output_layout="HWC", mean=[m * 255 for m in aug.mean],
                                       std=[s * 255 for s in aug.std])
-    return images, labels.gpu() if gpu else labels
+    idx = fn.cast(idx, dtype=types.INT64)
+    return (images, idx, idx.gpu()) if gpu else (images, idx)
 
 
 def _to_torch(tl, device: torch.device) -> torch.Tensor:
+    from nvidia.dali import types
     from nvidia.dali.plugin.pytorch import feed_ndarray
 
     t = tl.as_tensor()
-    out = torch.empty(t.shape(), dtype=torch.float32 if "float" in str(t.dtype).lower() else torch.int64,
-                      device=device)
+    dtypes = {types.FLOAT: torch.float32, types.FLOAT16: torch.float16, types.INT64: torch.int64,
+              types.INT32: torch.int32, types.UINT8: torch.uint8}
+    out = torch.empty(t.shape(), dtype=dtypes[t.dtype], device=device)
     stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     feed_ndarray(t, out, cuda_stream=stream)
     return out
@@ -137,45 +111,74 @@ class DaliLoader(Resumable):
             raise LoaderError(f"device={cfg.device!r} but CUDA is not available; use device='cpu'")
         if cfg.prefetch < 1 or cfg.threads < 1:
             raise LoaderError(f"threads={cfg.threads}, prefetch={cfg.prefetch}: both must be at least 1")
+        if cfg.file_reader not in ("native", "feed"):
+            raise LoaderError(f"file_reader={cfg.file_reader!r}: choose native or feed")
         self.encoded, self.cfg, self.gpu = source, cfg, gpu
         self.device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
         ocfg = OrderConfig(cfg.shuffle, cfg.seed, source.window, cfg.rank, cfg.world_size)
         self.order = SampleOrder(source.shard_counts, cfg.batch_size, ocfg, cfg.drop_last)
         self.coverage_audit = Coverage(len(source))
+        self.native = source.kind == "files" and cfg.file_reader == "native"
         self.source = f"dali-{'mixed' if gpu else 'cpu'}-{source.kind}"
-        self._feeder = _Feeder(source, cfg.threads, cfg.prefetch + 2)
-        self.pipe, self._clean = self._build(), True
+        self._labels = torch.as_tensor(source.labels(), dtype=torch.int64).to(self.device)
+        self._feeder = None if self.native else Feeder(source, cfg.threads, cfg.prefetch + 2)
+        self.pipe, self._fed = None, deque()
+        self._next: tuple[int, int] | None = None       # (epoch, position) of the pipeline's next output
+        self._plan_end: tuple[int, int] | None = None   # where the native reader's files list ends
 
-    def _build(self):
+    def _start(self) -> None:
+        """A fresh pipeline whose first output is the batch the order expects next."""
         dali, fn, types = _dali()
-        cfg = self.cfg
+        cfg, here = self.cfg, (self.order.epoch, self.order.position)
+        self.pipe, self._fed = None, deque()     # the old pipeline's buffers go before new ones are made
         pipe = dali.pipeline.Pipeline(batch_size=cfg.batch_size, num_threads=cfg.threads, seed=cfg.seed + 1,
                                       device_id=self.device.index if self.gpu else None,
                                       prefetch_queue_depth=cfg.prefetch)
         with pipe:
-            pipe.set_outputs(*_graph(self._feeder, cfg, self.gpu))
-        return pipe
+            if self.native:
+                planned = native_plan(self.order, *here)
+                files, idx = files_for(self.encoded, planned, cfg.batch_size)
+                encoded, index = fn.readers.file(files=files, labels=idx, random_shuffle=False,
+                                                 prefetch_queue_depth=2, name="files")
+                self._fed.extend(planned)
+                self._plan_end = planned[-1].after
+            else:
+                self._feeder.start(plan(self.order, *here), self._fed)
+                encoded, index = fn.external_source(source=self._feeder, num_outputs=2, batch=True,
+                                                    dtype=[types.UINT8, types.INT64])
+                self._plan_end = None
+            pipe.set_outputs(*_graph(encoded, index, cfg, self.gpu))
+        pipe.build()
+        self.pipe, self._next = pipe, here
 
     def __iter__(self):
-        batches = self._epoch_batches()
-        self._feeder.start(batches)
-        if not self._clean:            # the last epoch was left early: DALI holds its prefetched batches
-            self.pipe = self._build()
-        self.pipe.build()
-        self._clean = False
         aug = self.cfg.augment
-        for idx in batches:
-            images, labels = self._run()
+        fmt = torch.channels_last if aug.channels_last else torch.contiguous_format
+        for _ in range(len(self._epoch_batches())):
+            here = (self.order.epoch, self.order.position)
+            if self.pipe is None or self._next != here or here == self._plan_end:
+                self._start()
+            images, idx_host, idx_dev = self._run()
+            p = self._check(idx_host)
+            n = len(p.idx)
             # NHWC float from DALI; the NCHW view of it is channels_last memory, no copy
-            x = _to_torch(images, self.device).permute(0, 3, 1, 2)
-            fmt = torch.channels_last if aug.channels_last else torch.contiguous_format
+            x = _to_torch(images, self.device)[:n].permute(0, 3, 1, 2)
             x = x.to(dtype=getattr(torch, aug.dtype), memory_format=fmt)
-            y = _to_torch(labels, self.device).view(-1)
-            self._yielded(idx)
-            yield Batch(x, y, torch.from_numpy(idx), self.source)
-        self.pipe.reset()             # the feeder raised StopIteration inside DALI's prefetch
-        self._clean = True
+            y = self._labels[_to_torch(idx_dev, self.device).view(-1)[:n]]
+            self._next = p.after
+            self._yielded(p.idx)
+            yield Batch(x, y, torch.from_numpy(p.idx), self.source)
         self.order.next_epoch()
+
+    def _check(self, idx_host) -> Planned:
+        """The planned batch this output is; its sample indices must be the ones DALI decoded."""
+        p = self._fed.popleft()
+        got = idx_host.as_array().reshape(-1)[:len(p.idx)]
+        if not np.array_equal(got, p.idx):
+            raise LoaderError(f"{self.encoded.path}: DALI returned samples {got[:4].tolist()}... where the order "
+                              f"has {p.idx[:4].tolist()}... (epoch {p.epoch}, position {p.position}); this is a "
+                              f"fastdata bug, please report it")
+        return p
 
     def _run(self):
         """pipe.run() in this (training) thread. Tried and rejected (H200, 2026-12-03): running DALI in
@@ -183,9 +186,8 @@ class DaliLoader(Resumable):
         (23% -> 13%) but so did the duty cycle: row 7 went from 6,054 to 4,942 img/s and 6b from 6,273 to
         5,470; the producer's Python competes with the training thread for the GIL."""
         try:
-            return self.pipe.run()
-        except StopIteration:
-            raise
+            images, idx_host, *idx_dev = self.pipe.run()
+            return images, idx_host, idx_dev[0] if idx_dev else idx_host
         except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError for a bad image, say where
             batch_no = self.order.position // self.cfg.batch_size
             raise LoaderError(f"{self.encoded.path}: DALI failed on batch {batch_no} of epoch {self.order.epoch}: "

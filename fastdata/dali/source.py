@@ -40,6 +40,12 @@ class EncodedSource:
     def __len__(self) -> int:
         return sum(self.shard_counts)
 
+    def labels(self) -> np.ndarray:
+        """int64 label of every sample, by global index."""
+        if self.cache is not None:
+            return self.cache.labels().astype(np.int64)
+        return np.array([item.label for item in self.items], dtype=np.int64)
+
     def get(self, i: int) -> tuple[np.ndarray, int]:
         if self.cache is not None:
             data, label = self.cache.raw(int(i))

@@ -69,6 +69,10 @@ class SampleOrder:
             raise LoaderError(f"rank {cfg.rank} is outside world_size {cfg.world_size}")
         self.shard_counts, self.batch_size, self.cfg, self.drop_last = list(shard_counts), batch_size, cfg, drop_last
         self.epoch, self.position = 0, 0
+        per_rank = sum(self.shard_counts) // cfg.world_size
+        if drop_last and 0 < per_rank < batch_size:
+            raise LoaderError(f"batch_size={batch_size} with drop_last leaves no batch of the {per_rank} samples "
+                              f"per rank: every epoch would be empty; lower the batch size or set drop_last=False")
 
     def batches_per_epoch(self) -> int:
         n = sum(self.shard_counts) // self.cfg.world_size
