@@ -52,7 +52,7 @@ def _data(a, work: Path):
 class Rows:
     """Collects rows; a row that fails is recorded with its error and the run goes on.
 
-    `only` (from --rows) keeps the rows whose first word is listed: 1,2,3,4,5,6a,6b,7,7b,8,8b,ceiling,synthetic.
+    `only` (from --rows) keeps the rows whose first word is listed: 1,2,3,4,5,6a,6b,7,7g,7b,8,8b,ceiling,synthetic.
     """
 
     def __init__(self, save, only: str | None = None) -> None:
@@ -133,7 +133,7 @@ def _dali_options(a) -> dict:
     if choose_backend(a.backend) != "dali" or not torch.cuda.is_available():
         return {}
     return {"prefetch": a.dali_prefetch, "hybrid_huffman_threshold": a.huffman_threshold,
-            "hw_decoder_load": a.hw_decoder_load}
+            "hw_decoder_load": a.hw_decoder_load, "file_reader": a.file_reader}
 
 
 def run(a, save) -> tuple[list[dict], dict]:
@@ -151,12 +151,14 @@ def run(a, save) -> tuple[list[dict], dict]:
                              drop_last=True)
     rows.add("6a fastdata raw cache + GPU loader", lambda: eng("compiled").fit(raw_dl, **fit))
     decoders = {}
-    for key, path, name in (("6b", jpeg, "6b fastdata JPEG cache + GPU decode"),
-                            ("7", src, "7 GPU decode from the JPEG files")):
+    for key, path, name, engine in (("6b", jpeg, "6b fastdata JPEG cache + GPU decode", "compiled"),
+                                    ("7", src, "7 GPU decode from the JPEG files", "compiled"),
+                                    ("7g", src, "7g GPU decode from the JPEG files + CUDA graph", "graphed")):
         if rows.wants(name):
-            dl = decoders[key] = decode_loader(path, bs, backend=a.backend, dtype="bfloat16", threads=12,
-                                               drop_last=True, **_dali_options(a))
-            rows.add(name, lambda: eng("compiled").fit(dl, **fit), dl.source)
+            dl = decoders.get(path) or decode_loader(path, bs, backend=a.backend, dtype="bfloat16", threads=12,
+                                                     drop_last=True, **_dali_options(a))
+            decoders[path] = dl
+            rows.add(name, lambda: eng(engine).fit(dl, **fit), dl.source)
     if rows.wants("7b") and dev.type == "cuda" and a.backend in ("auto", "dali"):   # the fallback beside DALI
         dl7b = decode_loader(src, bs, backend="nvjpeg", dtype="bfloat16", threads=12, drop_last=True)
         rows.add("7b nvJPEG fallback from the JPEG files", lambda: eng("compiled").fit(dl7b, **fit), dl7b.source)
@@ -171,7 +173,7 @@ def run(a, save) -> tuple[list[dict], dict]:
     rows.add("synthetic on GPU, eager fp32", lambda: eng("fp32").fit(Synthetic(bs, 224, dev), **fit))
     if dev.type == "cuda" and a.loader_seconds > 0:
         info["loader_only"] = {"raw cache + GPU RRC 224 bf16": drain(raw_dl, a.loader_seconds),
-                               **{f"{k}: {dl.source}": drain(dl, a.loader_seconds) for k, dl in decoders.items()}}
+                               **{dl.source: drain(dl, a.loader_seconds) for dl in decoders.values()}}
     return rows.rows, info
 
 
@@ -203,9 +205,11 @@ def main() -> None:
                     help="DALI: images with fewer pixels get CPU Huffman decoding (0: all on the GPU)")
     ap.add_argument("--hw-decoder-load", type=float, default=1.0,
                     help="DALI: share of images sent to the hardware JPEG decoder (rows 6b/7)")
+    ap.add_argument("--file-reader", default="native", choices=["native", "feed"],
+                    help="DALI rows 7/7g: DALI's C++ file reader or fastdata's Python feed")
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--compile", default="default")
-    ap.add_argument("--rows", default=None, help="only these rows: 1,2,3,4,5,6a,6b,7,7b,8,8b,ceiling,synthetic")
+    ap.add_argument("--rows", default=None, help="only these rows: 1,2,3,4,5,6a,6b,7,7g,7b,8,8b,ceiling,synthetic")
     ap.add_argument("--loader-seconds", type=float, default=4.0, help="loader-alone rates (0: skip)")
     ap.add_argument("--chart", default=None, help="only redraw the PNG from a results JSON")
     ap.add_argument("--work", default=None)

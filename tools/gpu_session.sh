@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement of a session, in stages that each fit one 10-minute call on the lent GPU machine.
 #
-#   bash tools/gpu_session.sh STAGE [STAGE...]     stages: tests loader augment train data dali decode pipeline
+#   bash tools/gpu_session.sh STAGE [STAGE...]     stages: tests loader augment train data dali limits decode pipeline
 #
 # Results land in $OUT (the device tool fetches them) or benchmarks/results/. Data sets are generated
 # once under $WORK (default /tmp/fastdata-gpu) and reused by later stages on the same machine.
@@ -58,6 +58,9 @@ stage_dali() {
 }
 stage_decode() {
     $PY benchmarks/decode.py --src "$WORK/pipe/src" --jpeg "$WORK/pipe/jpeg256" --seconds 4 --out "$RES"
+}
+stage_limits() {   # DALI's file decode taken apart (needs stage dali first)
+    $PY benchmarks/dali_limits.py --src "$WORK/pipe/src" --seconds 3 --out "$RES"
 }
 stage_pipeline() {
     $PY benchmarks/pipeline.py --work "$WORK/pipe" --seconds 6 --out "$RES" ${PIPE_ROWS:+--rows $PIPE_ROWS} ${PIPE_ARGS:-} 2>&1 | tee "$RES/pipeline.log" \
