@@ -12,7 +12,7 @@ This takes the pipeline apart on the same files:
     2 pipelines  two bare decode pipelines driven in turn: if the pair doubles the rate, one
                  pipeline's batch latency, not the decoder, is the limit
     loader       fastdata's DaliLoader (crop, resize, normalise, copies to torch), with the
-                 native file reader or the Python feed, and with 4 / 8 / 16 CPU threads
+                 native file reader or the Python feed, 1-3 pipelines in turn, 4 / 8 / 16 CPU threads
 
 Each row also reports GPM SM activity and the JPEG engines' NVML utilization.
 Writes Markdown + JSON to benchmarks/results/.
@@ -81,6 +81,8 @@ def rows_for(a, files: list[str]):
         [_bare(files, bs, t // 2, "decode", 0.0) for _ in range(2)], bs, s)
     yield "loader: native file reader", loader(file_reader="native")
     yield "loader: Python feed", loader(file_reader="feed")
+    yield "loader: native, 2 pipelines in turn", loader(file_reader="native", pipelines=2)
+    yield "loader: native, 3 pipelines in turn", loader(file_reader="native", pipelines=3)
     for threads in (4, 8, 16):
         yield f"loader: native, {threads} threads", loader(file_reader="native", threads=threads)
 

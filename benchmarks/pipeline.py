@@ -133,7 +133,7 @@ def _dali_options(a) -> dict:
     if choose_backend(a.backend) != "dali" or not torch.cuda.is_available():
         return {}
     return {"prefetch": a.dali_prefetch, "hybrid_huffman_threshold": a.huffman_threshold,
-            "hw_decoder_load": a.hw_decoder_load, "file_reader": a.file_reader}
+            "hw_decoder_load": a.hw_decoder_load, "file_reader": a.file_reader, "pipelines": a.dali_pipelines}
 
 
 def run(a, save) -> tuple[list[dict], dict]:
@@ -205,6 +205,7 @@ def main() -> None:
                     help="DALI: images with fewer pixels get CPU Huffman decoding (0: all on the GPU)")
     ap.add_argument("--hw-decoder-load", type=float, default=1.0,
                     help="DALI: share of images sent to the hardware JPEG decoder (rows 6b/7)")
+    ap.add_argument("--dali-pipelines", type=int, default=1, help="DALI pipelines taking batches in turn")
     ap.add_argument("--file-reader", default="native", choices=["native", "feed"],
                     help="DALI rows 7/7g: DALI's C++ file reader or fastdata's Python feed")
     ap.add_argument("--model", default="resnet50")

@@ -57,10 +57,10 @@ def test_rank_split_complete_and_equal(image_folder, world):
     assert len(np.unique(joined)) == len(joined) == 120 - 120 % world
 
 
-@pytest.mark.parametrize("reader", ["native", "feed"])
-def test_train_mode_shapes_and_resume(image_folder, reader):
+@pytest.mark.parametrize("reader,pipelines", [("native", 1), ("feed", 1), ("native", 2), ("feed", 3)])
+def test_train_mode_shapes_and_resume(image_folder, reader, pipelines):
     make = lambda: decode_loader(image_folder, 8, backend="dali", image_size=32, device="cpu", seed=5,  # noqa: E731
-                                 file_reader=reader)
+                                 file_reader=reader, pipelines=pipelines)
     b = next(iter(make()))
     assert b.images.shape == (8, 3, 32, 32) and b.images.is_contiguous(memory_format=torch.channels_last)
     check_resume(make, 5)
@@ -75,12 +75,12 @@ def test_auto_backend_prefers_dali():
     assert choose_backend("auto") == "dali"
 
 
-@pytest.mark.parametrize("reader", ["native", "feed"])
-def test_epoch_left_early_continues_with_unseen_samples(image_folder, reader):
+@pytest.mark.parametrize("reader,pipelines", [("native", 1), ("feed", 1), ("native", 2)])
+def test_epoch_left_early_continues_with_unseen_samples(image_folder, reader, pipelines):
     """The async pipeline holds prefetched batches when an epoch is left early; the next pass must not
     hand them out again, but continue with exactly the samples not yet seen."""
     make = lambda: decode_loader(image_folder, 8, backend="dali", image_size=32, device="cpu", seed=3,  # noqa: E731
-                                 file_reader=reader)
+                                 file_reader=reader, pipelines=pipelines)
     full = epoch_indices(make())
     dl = make()
     seen = []
@@ -112,11 +112,13 @@ def _count_pipelines(dl) -> list:
     return built
 
 
-@pytest.mark.parametrize("reader", ["native", "feed"])
-def test_epochs_run_through_one_pipeline(image_folder, reader):
-    """No drain and refill at epoch ends: one pipeline serves several epochs, each exactly the order's
-    epoch (a short last batch included), labels those of the files."""
-    dl = decode_loader(image_folder, 16, backend="dali", image_size=32, device="cpu", seed=7, file_reader=reader)
+@pytest.mark.parametrize("reader,pipelines", [("native", 1), ("feed", 1), ("native", 2), ("feed", 2)])
+def test_epochs_run_through_one_pipeline(image_folder, reader, pipelines):
+    """No drain and refill at epoch ends: one start serves several epochs, each exactly the order's
+    epoch (a short last batch included), labels those of the files; batches taken in turn from
+    several pipelines come out in the order's order."""
+    dl = decode_loader(image_folder, 16, backend="dali", image_size=32, device="cpu", seed=7, file_reader=reader,
+                       pipelines=pipelines)
     built = _count_pipelines(dl)
     labels = {i: item.label for i, item in enumerate(dl.encoded.items)}
     for epoch in range(3):

@@ -15,12 +15,15 @@ and CUDA stream, through epoch boundaries. Every output carries its sample
 indices, checked against the plan. A pass left early (a time limit, a break,
 a load_state_dict) leaves batches inside DALI that the order does not expect
 next; the loader then builds a fresh pipeline from the order's state rather
-than hand them out.
+than hand them out. With ``pipelines`` > 1, that many pipelines take the
+plan's batches in turn (lanes), so one's decoder works while another waits.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from itertools import islice
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -51,8 +54,16 @@ class DaliConfig:
     # image folders: "native" reads files with DALI's C++ fn.readers.file; "feed" reads them in Python
     # threads through fn.external_source, as JPEG caches always are (benchmarks/decode.py compares them)
     file_reader: str = "native"
+    # DALI pipelines taking batches in turn, each with threads / pipelines CPU threads: one pipeline
+    # decodes one batch at a time, so a second keeps the decoder busy during the first one's other stages
+    pipelines: int = 1
     rank: int = 0
     world_size: int = 1
+
+
+class _Lane(NamedTuple):
+    pipe: object
+    fed: deque          # planned batches handed to this pipeline, oldest first
 
 
 def _dali():
@@ -109,8 +120,9 @@ class DaliLoader(Resumable):
         gpu = torch.cuda.is_available() if cfg.device == "auto" else cfg.device.startswith("cuda")
         if gpu and not torch.cuda.is_available():
             raise LoaderError(f"device={cfg.device!r} but CUDA is not available; use device='cpu'")
-        if cfg.prefetch < 1 or cfg.threads < 1:
-            raise LoaderError(f"threads={cfg.threads}, prefetch={cfg.prefetch}: both must be at least 1")
+        if min(cfg.prefetch, cfg.threads, cfg.pipelines) < 1:
+            raise LoaderError(f"threads={cfg.threads}, prefetch={cfg.prefetch}, pipelines={cfg.pipelines}: "
+                              f"each must be at least 1")
         if cfg.file_reader not in ("native", "feed"):
             raise LoaderError(f"file_reader={cfg.file_reader!r}: choose native or feed")
         self.encoded, self.cfg, self.gpu = source, cfg, gpu
@@ -121,45 +133,59 @@ class DaliLoader(Resumable):
         self.native = source.kind == "files" and cfg.file_reader == "native"
         self.source = f"dali-{'mixed' if gpu else 'cpu'}-{source.kind}"
         self._labels = torch.as_tensor(source.labels(), dtype=torch.int64).to(self.device)
-        self._feeder = None if self.native else Feeder(source, cfg.threads, cfg.prefetch + 2)
-        self.pipe, self._fed = None, deque()
-        self._next: tuple[int, int] | None = None       # (epoch, position) of the pipeline's next output
+        threads = max(1, cfg.threads // cfg.pipelines)
+        self._feeders = [] if self.native else [Feeder(source, threads, cfg.prefetch + 2) for _ in range(cfg.pipelines)]
+        self.lanes: list[_Lane] = []
+        self._turn = 0                                   # the lane whose output comes next
+        self._next: tuple[int, int] | None = None       # (epoch, position) of the next output
         self._plan_end: tuple[int, int] | None = None   # where the native reader's files list ends
 
     def _start(self) -> None:
-        """A fresh pipeline whose first output is the batch the order expects next."""
-        dali, fn, types = _dali()
+        """Fresh pipelines whose first outputs are the batches the order expects next."""
         cfg, here = self.cfg, (self.order.epoch, self.order.position)
-        self.pipe, self._fed = None, deque()     # the old pipeline's buffers go before new ones are made
-        pipe = dali.pipeline.Pipeline(batch_size=cfg.batch_size, num_threads=cfg.threads, seed=cfg.seed + 1,
-                                      device_id=self.device.index if self.gpu else None,
+        self.lanes = []                          # the old pipelines' buffers go before new ones are made
+        n = cfg.pipelines
+        if self.native:
+            planned = native_plan(self.order, *here)
+            self._plan_end = planned[-1].after
+            self.lanes = [self._lane(j, planned[j::n], None) for j in range(n)]
+        else:
+            self._plan_end = None
+            self.lanes = [self._lane(j, None, islice(plan(self.order, *here), j, None, n)) for j in range(n)]
+        self._turn, self._next = 0, here
+
+    def _lane(self, j: int, planned: list[Planned] | None, feed) -> _Lane:
+        """One pipeline: DALI's file reader over `planned`, or a Feeder drawing from `feed`."""
+        dali, fn, types = _dali()
+        cfg, fed = self.cfg, deque()
+        pipe = dali.pipeline.Pipeline(batch_size=cfg.batch_size, num_threads=max(1, cfg.threads // cfg.pipelines),
+                                      seed=cfg.seed + 1 + j, device_id=self.device.index if self.gpu else None,
                                       prefetch_queue_depth=cfg.prefetch)
         with pipe:
-            if self.native:
-                planned = native_plan(self.order, *here)
+            if planned is not None:
                 files, idx = files_for(self.encoded, planned, cfg.batch_size)
                 encoded, index = fn.readers.file(files=files, labels=idx, random_shuffle=False,
                                                  prefetch_queue_depth=2, name="files")
-                self._fed.extend(planned)
-                self._plan_end = planned[-1].after
+                fed.extend(planned)
             else:
-                self._feeder.start(plan(self.order, *here), self._fed)
-                encoded, index = fn.external_source(source=self._feeder, num_outputs=2, batch=True,
+                self._feeders[j].start(feed, fed)
+                encoded, index = fn.external_source(source=self._feeders[j], num_outputs=2, batch=True,
                                                     dtype=[types.UINT8, types.INT64])
-                self._plan_end = None
             pipe.set_outputs(*_graph(encoded, index, cfg, self.gpu))
         pipe.build()
-        self.pipe, self._next = pipe, here
+        return _Lane(pipe, fed)
 
     def __iter__(self):
         aug = self.cfg.augment
         fmt = torch.channels_last if aug.channels_last else torch.contiguous_format
         for _ in range(len(self._epoch_batches())):
             here = (self.order.epoch, self.order.position)
-            if self.pipe is None or self._next != here or here == self._plan_end:
+            if not self.lanes or self._next != here or here == self._plan_end:
                 self._start()
-            images, idx_host, idx_dev = self._run()
-            p = self._check(idx_host)
+            lane = self.lanes[self._turn]
+            self._turn = (self._turn + 1) % len(self.lanes)
+            images, idx_host, idx_dev = self._run(lane.pipe)
+            p = self._check(lane.fed, idx_host)
             n = len(p.idx)
             # NHWC float from DALI; the NCHW view of it is channels_last memory, no copy
             x = _to_torch(images, self.device)[:n].permute(0, 3, 1, 2)
@@ -170,9 +196,9 @@ class DaliLoader(Resumable):
             yield Batch(x, y, torch.from_numpy(p.idx), self.source)
         self.order.next_epoch()
 
-    def _check(self, idx_host) -> Planned:
+    def _check(self, fed: deque, idx_host) -> Planned:
         """The planned batch this output is; its sample indices must be the ones DALI decoded."""
-        p = self._fed.popleft()
+        p = fed.popleft()
         got = idx_host.as_array().reshape(-1)[:len(p.idx)]
         if not np.array_equal(got, p.idx):
             raise LoaderError(f"{self.encoded.path}: DALI returned samples {got[:4].tolist()}... where the order "
@@ -180,13 +206,13 @@ class DaliLoader(Resumable):
                               f"fastdata bug, please report it")
         return p
 
-    def _run(self):
+    def _run(self, pipe):
         """pipe.run() in this (training) thread. Tried and rejected (H200, 2026-12-03): running DALI in
         a producer thread so that feeding and output copies leave the training thread. Data wait fell
         (23% -> 13%) but so did the duty cycle: row 7 went from 6,054 to 4,942 img/s and 6b from 6,273 to
         5,470; the producer's Python competes with the training thread for the GIL."""
         try:
-            images, idx_host, *idx_dev = self.pipe.run()
+            images, idx_host, *idx_dev = pipe.run()
             return images, idx_host, idx_dev[0] if idx_dev else idx_host
         except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError for a bad image, say where
             batch_no = self.order.position // self.cfg.batch_size
