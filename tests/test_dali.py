@@ -100,10 +100,13 @@ def test_decode_failure_is_raised_with_the_source_path(image_folder, tmp_path):
 
     src = tmp_path / "images"
     shutil.copytree(image_folder, src)
-    sorted(src.rglob("*.jpg"))[0].write_bytes(b"not a jpeg at all" * 10)
-    with pytest.raises(LoaderError, match=str(src)):
-        for _ in decode_loader(src, 8, backend="dali", image_size=32, device="cpu", shuffle=False):
-            pass
+    bad = sorted(src.rglob("*.jpg"))[9]
+    bad.write_bytes(b"not a jpeg at all" * 10)
+    for reader in ("native", "feed"):
+        dl = decode_loader(src, 8, backend="dali", image_size=32, device="cpu", shuffle=False, file_reader=reader)
+        with pytest.raises(LoaderError, match=f"cannot decode {bad}.*quarantines"):
+            for _ in dl:
+                pass
 
 
 def _count_pipelines(dl) -> list:

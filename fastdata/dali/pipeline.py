@@ -33,7 +33,7 @@ from ..data.batch import Batch, Coverage, Resumable
 from ..data.order import OrderConfig, SampleOrder
 from ..errors import DependencyError, LoaderError
 from .plan import Feeder, Planned, files_for, native_plan, plan
-from .source import EncodedSource
+from .source import EncodedSource, undecodable
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,12 @@ def _to_torch(tl, device: torch.device) -> torch.Tensor:
     return out
 
 
+def _dali_reason(e: Exception) -> str:
+    """The line of DALI's error that says what went wrong (it opens with the graph's traceback)."""
+    text = str(e).split("encountered:")[-1].strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
 class DaliLoader(Resumable):
     def __init__(self, source: EncodedSource, cfg: DaliConfig) -> None:
         _dali()
@@ -184,7 +190,7 @@ class DaliLoader(Resumable):
                 self._start()
             lane = self.lanes[self._turn]
             self._turn = (self._turn + 1) % len(self.lanes)
-            images, idx_host, idx_dev = self._run(lane.pipe)
+            images, idx_host, idx_dev = self._run(lane)
             p = self._check(lane.fed, idx_host)
             n = len(p.idx)
             # NHWC float from DALI; the NCHW view of it is channels_last memory, no copy
@@ -206,15 +212,20 @@ class DaliLoader(Resumable):
                               f"fastdata bug, please report it")
         return p
 
-    def _run(self, pipe):
+    def _run(self, lane: _Lane):
         """pipe.run() in this (training) thread. Tried and rejected (H200, 2026-12-03): running DALI in
         a producer thread so that feeding and output copies leave the training thread. Data wait fell
         (23% -> 13%) but so did the duty cycle: row 7 went from 6,054 to 4,942 img/s and 6b from 6,273 to
         5,470; the producer's Python competes with the training thread for the GIL."""
         try:
-            images, idx_host, *idx_dev = pipe.run()
+            images, idx_host, *idx_dev = lane.pipe.run()
             return images, idx_host, idx_dev[0] if idx_dev else idx_host
-        except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError for a bad image, say where
+        except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError for a bad image, say which
+            self.lanes = []       # DALI says the pipeline is no longer valid; the next pass starts afresh
             batch_no = self.order.position // self.cfg.batch_size
-            raise LoaderError(f"{self.encoded.path}: DALI failed on batch {batch_no} of epoch {self.order.epoch}: "
-                              f"{e}") from e
+            ahead = list(islice(lane.fed, self.cfg.prefetch + 2))    # the batches DALI was working on
+            bad = undecodable(self.encoded, np.concatenate([p.idx for p in ahead]) if ahead else [])
+            what = f"cannot decode {', '.join(bad)}" if bad else "DALI failed"
+            raise LoaderError(f"{self.encoded.path}: {what} (batch {batch_no} of epoch {self.order.epoch}); remove "
+                              f"or replace it, or build a cache with `fastdata build-cache`, which quarantines "
+                              f"bad images. DALI said: {_dali_reason(e)}") from e

@@ -6,6 +6,7 @@ coverage audit with fastdata.loader.
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,28 @@ class EncodedSource:
             raise LoaderError(f"{item.path}: cannot read ({e.strerror}); the image folder changed since the "
                               f"loader started") from e
 
+    def name(self, i: int) -> str:
+        """Where sample i comes from, for error messages."""
+        return str(self.items[int(i)].path) if self.cache is None else f"cache sample {int(i)}"
+
     @property
     def kind(self) -> str:
         return "cache-jpeg" if self.cache is not None else "files"
+
+
+def undecodable(source: EncodedSource, idx, limit: int = 5) -> list[str]:
+    """Names of the samples among idx that PIL cannot decode either (at most `limit`): run only after
+    DALI failed, whose own message names no file."""
+    from PIL import Image
+
+    bad = []
+    for i in dict.fromkeys(np.asarray(idx).tolist()):
+        try:
+            Image.open(io.BytesIO(source.get(i)[0].tobytes())).convert("RGB")
+        except LoaderError:
+            bad.append(source.name(i) + " (unreadable)")
+        except Exception:  # noqa: BLE001 - any decoder error marks the sample as the culprit
+            bad.append(source.name(i))
+        if len(bad) >= limit:
+            break
+    return bad
