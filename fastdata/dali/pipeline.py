@@ -154,7 +154,7 @@ class DaliLoader(Resumable):
         if self.native:
             planned = native_plan(self.order, *here)
             self._plan_end = planned[-1].after
-            self.lanes = [self._lane(j, planned[j::n], None) for j in range(n)]
+            self.lanes = [self._lane(j, planned[j::n], None) for j in range(min(n, len(planned)))]
         else:
             self._plan_end = None
             self.lanes = [self._lane(j, None, islice(plan(self.order, *here), j, None, n)) for j in range(n)]
