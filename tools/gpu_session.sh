@@ -7,7 +7,8 @@
 # once under $WORK (default /tmp/fastdata-gpu) and reused by later stages on the same machine.
 # Photos: pass FASTDATA_PHOTOS=DIR (PNG files from `python tools/make_sample.py DIR --export-photos`)
 # where scikit-image is not installed. DALI: `dali` joins .dali*/part-* (a split tar.xz of an
-# unpacked DALI install, sent over several calls) into /tmp/dalisite and puts it on PYTHONPATH.
+# unpacked DALI install, sent over several calls) into /tmp/dalisite and puts it on PYTHONPATH, then runs
+# the DALI tests (DALI_TESTS=tests/gpu: only the GPU ones).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -53,7 +54,7 @@ stage_dali() {
         export PYTHONPATH="$PYTHONPATH:/tmp/dalisite"
     fi
     $PY -c "import nvidia.dali as d; print('DALI', d.__version__)" || return 1
-    $PY -m pytest -q tests/test_dali.py tests/gpu -k "dali or nvjpeg" -m "" -p no:cacheprovider 2>&1 \
+    $PY -m pytest -q ${DALI_TESTS:-tests/test_dali.py tests/gpu} -k "dali or nvjpeg" -m "" -p no:cacheprovider 2>&1 \
         | tee "$RES/dali-tests.txt" | tail -15
 }
 stage_decode() {

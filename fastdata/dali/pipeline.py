@@ -218,7 +218,10 @@ class DaliLoader(Resumable):
         (23% -> 13%) but so did the duty cycle: row 7 went from 6,054 to 4,942 img/s and 6b from 6,273 to
         5,470; the producer's Python competes with the training thread for the GIL."""
         try:
-            images, idx_host, *idx_dev = lane.pipe.run()
+            # outputs bound to our stream: no host wait for DALI's GPU work (which queues behind the
+            # training step's kernels); the training stream waits for it instead
+            stream = torch.cuda.current_stream(self.device) if self.gpu else None
+            images, idx_host, *idx_dev = lane.pipe.run(stream) if stream is not None else lane.pipe.run()
             return images, idx_host, idx_dev[0] if idx_dev else idx_host
         except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError for a bad image, say which
             self.lanes = []       # DALI says the pipeline is no longer valid; the next pass starts afresh
