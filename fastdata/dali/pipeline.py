@@ -46,7 +46,10 @@ class DaliConfig:
     drop_last: bool = False
     threads: int = 4               # DALI's CPU threads (and as many cache-reading threads)
     prefetch: int = 2              # batches DALI decodes ahead of the training step
-    hw_decoder_load: float = 0.65  # share of images sent to the A100/H100 hardware JPEG decoder
+    # share of images sent to the A100/H100 hardware JPEG decoder (ignored where there is none). 1.0, not
+    # DALI's 0.65: on the H200 a bare decode ran 25k img/s with 1.0 against 16.7k with the CPU path
+    # (benchmarks/dali_limits.py), and 1.0 was the faster end to end too
+    hw_decoder_load: float = 1.0
     # images with fewer pixels get their Huffman decoding on DALI's CPU threads (nvJPEG hybrid), the rest
     # on the GPU; DALI's default 1M sends every ImageNet-sized JPEG to the CPU. 0: all on the GPU, which
     # frees CPU threads but costs SM time that training would use (benchmarks/decode.py measures both).
