@@ -5,11 +5,15 @@ must know which samples each output holds before it arrives. Both ways of
 giving DALI the encoded bytes draw from one plan, the read side's
 SampleOrder continued from its saved (epoch, position) into later epochs:
 
-    feed():     our ``fn.external_source`` callable (JPEG caches). It reads a few
-                batches ahead in threads and records each batch it hands DALI.
-    files_for(): DALI's own C++ ``fn.readers.file`` (image folders) takes the
-                plan as its ``files`` list, unshuffled, each batch padded to the
-                full batch size, so no Python runs per sample at all.
+    Feeder      our ``fn.external_source`` callable (JPEG caches, or files with
+                file_reader="feed"). It reads a few batches ahead in threads and
+                records each batch it hands DALI.
+    files_for   DALI's own C++ ``fn.readers.file`` (image folders) takes the plan
+                as its ``files`` list, unshuffled, each batch padded to the full
+                batch size, so no Python runs per sample at all. A list holds
+                PLAN_SAMPLES samples (at least an epoch); then a new pipeline is
+                built where it ended. On the H200 this reader made the loader
+                17.8-32.8k img/s against 11.3k through the Feeder.
 
 Crossing epochs inside one pipeline matters: a pipeline that stops at every
 epoch end drains its prefetch queue and refills it from empty, which the
