@@ -151,9 +151,9 @@ def run(a, save) -> tuple[list[dict], dict]:
                              drop_last=True)
     rows.add("6a fastdata raw cache + GPU loader", lambda: eng("compiled").fit(raw_dl, **fit))
     decoders = {}
-    for key, path, name, engine in (("6b", jpeg, "6b fastdata JPEG cache + GPU decode", "compiled"),
-                                    ("7", src, "7 GPU decode from the JPEG files", "compiled"),
-                                    ("7g", src, "7g GPU decode from the JPEG files + CUDA graph", "graphed")):
+    for path, name, engine in ((jpeg, "6b fastdata JPEG cache + GPU decode", "compiled"),
+                               (src, "7 GPU decode from the JPEG files", "compiled"),
+                               (src, "7g GPU decode from the JPEG files + CUDA graph", "graphed")):
         if rows.wants(name):
             dl = decoders.get(path) or decode_loader(path, bs, backend=a.backend, dtype="bfloat16", threads=12,
                                                      drop_last=True, **_dali_options(a))

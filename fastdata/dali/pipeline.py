@@ -142,8 +142,9 @@ class DaliLoader(Resumable):
         self.native = source.kind == "files" and cfg.file_reader == "native"
         self.source = f"dali-{'mixed' if gpu else 'cpu'}-{source.kind}"
         self._labels = torch.as_tensor(source.labels(), dtype=torch.int64).to(self.device)
-        threads = max(1, cfg.threads // cfg.pipelines)
-        self._feeders = [] if self.native else [Feeder(source, threads, cfg.prefetch + 2) for _ in range(cfg.pipelines)]
+        self._threads = max(1, cfg.threads // cfg.pipelines)   # each pipeline's DALI (and feeding) threads
+        self._feeders = [] if self.native else [Feeder(source, self._threads, cfg.prefetch + 2)
+                                                for _ in range(cfg.pipelines)]
         self.lanes: list[_Lane] = []
         self._turn = 0                                   # the lane whose output comes next
         self._next: tuple[int, int] | None = None       # (epoch, position) of the next output
@@ -167,7 +168,7 @@ class DaliLoader(Resumable):
         """One pipeline: DALI's file reader over `planned`, or a Feeder drawing from `feed`."""
         dali, fn, types = _dali()
         cfg, fed = self.cfg, deque()
-        pipe = dali.pipeline.Pipeline(batch_size=cfg.batch_size, num_threads=max(1, cfg.threads // cfg.pipelines),
+        pipe = dali.pipeline.Pipeline(batch_size=cfg.batch_size, num_threads=self._threads,
                                       seed=cfg.seed + 1 + j, device_id=self.device.index if self.gpu else None,
                                       prefetch_queue_depth=cfg.prefetch)
         with pipe:
