@@ -33,7 +33,10 @@ from ..data.order import SampleOrder
 from ..errors import LoaderError
 from .source import EncodedSource
 
-PLAN_SAMPLES = 1 << 18   # samples per files list of the native reader; a new pipeline is built after them
+# samples per files list of the native reader; a new pipeline is built after them. Measured on 2 CPU
+# cores: starting a pipeline over 262k files takes 0.37 s and peaks at +230 MB (1M: 1.9 s, +911 MB);
+# at 6k img/s that start comes every ~40 s
+PLAN_SAMPLES = 1 << 18
 
 
 @dataclass(frozen=True)
