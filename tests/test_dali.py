@@ -135,17 +135,18 @@ def test_epochs_run_through_one_pipeline(image_folder, reader, pipelines):
 
 
 def test_native_reader_starts_a_new_files_list_where_the_last_ended(image_folder, monkeypatch):
-    """A files list holds a bounded number of batches; the next pipeline continues the order exactly."""
+    """A files list holds a bounded number of batches; the next pipeline continues the order exactly,
+    also where a list ends inside an epoch."""
     import fastdata.dali.plan as plan_mod
 
-    monkeypatch.setattr(plan_mod, "PLAN_SAMPLES", 1)     # one epoch per files list
+    monkeypatch.setattr(plan_mod, "PLAN_SAMPLES", 48)    # 3 batches per files list, 7 batches per epoch
     make = lambda reader: decode_loader(image_folder, 16, backend="dali", image_size=32, device="cpu",  # noqa: E731
                                         seed=2, file_reader=reader, drop_last=True)
     native, feed = make("native"), make("feed")
     built = _count_pipelines(native)
     for _ in range(2):
         assert [a.tolist() for a in epoch_indices(native)] == [a.tolist() for a in epoch_indices(feed)]
-    assert len(built) == 2
+    assert len(built) == 5    # 14 batches, 3 per list
 
 
 def test_drop_last_bigger_than_the_data_is_refused(image_folder):
