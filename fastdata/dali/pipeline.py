@@ -55,7 +55,7 @@ class DaliConfig:
     # frees CPU threads but costs SM time that training would use (benchmarks/decode.py measures both).
     hybrid_huffman_threshold: int = 1_000_000
     # image folders: "native" reads files with DALI's C++ fn.readers.file; "feed" reads them in Python
-    # threads through fn.external_source, as JPEG caches always are (benchmarks/decode.py compares them)
+    # threads through fn.external_source, as JPEG caches always are (benchmarks/dali_limits.py compares them)
     file_reader: str = "native"
     # DALI pipelines taking batches in turn, each with threads / pipelines CPU threads: one pipeline
     # decodes one batch at a time, so a second keeps the decoder busy during the first one's other stages

@@ -11,8 +11,9 @@ SampleOrder continued from its saved (epoch, position) into later epochs:
     files_for   DALI's own C++ ``fn.readers.file`` (image folders) takes the plan
                 as its ``files`` list, unshuffled, each batch padded to the full
                 batch size, so no Python runs per sample at all. A list holds
-                PLAN_SAMPLES samples; then a new pipeline is built where it ended. On the H200 this reader made the loader
-                17.8-32.8k img/s against 11.3k through the Feeder.
+                PLAN_SAMPLES samples; then a new pipeline is built where it
+                ended. On the H200 this reader made the loader 17.8-32.8k
+                img/s against 11.3k through the Feeder.
 
 Crossing epochs inside one pipeline matters: a pipeline that stops at every
 epoch end drains its prefetch queue and refills it from empty, which the
