@@ -70,3 +70,11 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1000
     return f"{n:.1f} TB"  # pragma: no cover
+
+
+def refuse_url(text: str | Path, what: str) -> None:
+    """Object storage is not supported yet: a scheme:// path would become a local folder named 's3:'."""
+    scheme, sep, _ = str(text).partition("://")
+    if sep and scheme and scheme.replace("+", "").replace(".", "").replace("-", "").isalnum():
+        raise FastdataError(f"{what} {text}: {scheme}:// URLs are not supported yet; fastdata reads and writes "
+                            f"local folders (copy the data to a local or mounted path first)")

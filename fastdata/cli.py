@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from .errors import FastdataError
@@ -28,29 +29,36 @@ def _add_build(sub) -> None:
     p = sub.add_parser("build-cache", help="decode/resize SRC once into shards in DEST")
     p.add_argument("src", help="image folder (class sub-folders), file list (.csv/.txt: path,label), or any folder")
     p.add_argument("dest", help="cache folder to write (resumes if a build there was interrupted)")
-    p.add_argument("--format", default="h5", choices=("h5", "pt"))
-    p.add_argument("--encode", default="raw", choices=("raw", "jpeg", "bytes"))
-    p.add_argument("--size", type=int, default=256, help="target pixels (see --resize)")
+    p.add_argument("--format", default="h5", choices=("h5", "pt"), help="shard container (default h5)")
+    p.add_argument("--encode", default="raw", choices=("raw", "jpeg", "bytes"),
+                   help="raw: decoded uint8 pixels (fastest reads); jpeg: re-encoded, ~10x smaller; "
+                        "bytes: the input files verbatim")
+    p.add_argument("--size", type=int, default=256, help="target pixels (see --resize; default 256)")
     p.add_argument("--resize", default="fixed", choices=("fixed", "short", "max", "none"),
                    help="fixed: short side to SIZE then centre SIZExSIZE crop; short/max keep aspect")
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality for --encode jpeg")
-    p.add_argument("--shard-size", default="256MB")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality for --encode jpeg (default 90)")
+    p.add_argument("--shard-size", default="256MB", help="bytes per shard, e.g. 256MB or 1GiB")
     p.add_argument("--workers", type=int, default=None, help="decode processes (default: usable CPUs)")
-    p.add_argument("--on-error", default="quarantine", choices=("quarantine", "raise"))
+    p.add_argument("--on-error", default="quarantine", choices=("quarantine", "raise"),
+                   help="an undecodable input is listed and left out (quarantine), or stops the build")
     p.add_argument("--part", type=_part, default=None, help="build slice i/n of the inputs (job arrays)")
     p.add_argument("--stage", default=None, help="after building, copy to this tmpfs folder (e.g. /dev/shm/x)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--allow-empty-classes", action="store_true",
+                   help="keep class folders without images as labels (refused by default, as ImageFolder does)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _cmd_build(a) -> int:
     from .cache.build import BuildConfig, build_cache
 
     cfg = BuildConfig(a.src, a.dest, a.format, a.encode, a.size, a.resize, a.quality, a.shard_size,
-                      a.workers, a.on_error, a.part, not a.no_progress)
+                      a.workers, a.on_error, a.part, not a.no_progress, a.allow_empty_classes)
     result = build_cache(cfg)
     print(result.summary())
     for q in result.manifest.quarantined[:20]:
         print(f"  quarantined {q['path']}: {q['reason']}")
+    if len(result.manifest.quarantined) > 20:
+        print(f"  ... `fastdata info {a.dest}` lists all {len(result.manifest.quarantined)}")
     if a.stage:
         from .cache.stage import stage_cache
 
@@ -105,19 +113,19 @@ def _cmd_merge(a) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fastdata", description="Make PyTorch training GPU-bound.")
-    ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = ap.add_subparsers(dest="cmd", required=True)
     _add_build(sub)
     p = sub.add_parser("verify", help="check every shard checksum; name damaged shards and samples")
-    p.add_argument("cache")
+    p.add_argument("cache", help="cache folder")
     p = sub.add_parser("info", help="print the manifest summary")
-    p.add_argument("cache")
+    p.add_argument("cache", help="cache folder")
     p = sub.add_parser("stage", help="copy a cache to tmpfs: stage CACHE TARGET, or stage --remove TARGET")
-    p.add_argument("paths", nargs="+", metavar="PATH")
-    p.add_argument("--remove", action="store_true")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="CACHE TARGET, or TARGET with --remove")
+    p.add_argument("--remove", action="store_true", help="delete a staged copy (only one fastdata staged)")
     p = sub.add_parser("merge", help="join caches built with --part into OUT")
-    p.add_argument("out")
-    p.add_argument("parts", nargs="+")
+    p.add_argument("out", help="new or empty folder for the merged cache")
+    p.add_argument("parts", nargs="+", help="the part caches 0..n-1 of one build, in any order")
     from . import cli_more
 
     cli_more.add_commands(sub)
@@ -138,8 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     from . import cli_more
 
     fn = COMMANDS.get(a.cmd) or cli_more.COMMANDS[a.cmd]
+    for stream in (sys.stdout, sys.stderr):   # file names that are not UTF-8 print escaped, not crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         return fn(a)
+    except BrokenPipeError:   # `fastdata info CACHE | head`: the reader left; stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except FastdataError as e:
         print(f"fastdata {a.cmd}: error: {e}", file=sys.stderr)
         return 2

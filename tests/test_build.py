@@ -259,9 +259,9 @@ def test_unreadable_folder_in_source_is_named_and_creates_no_destination(image_f
 
     bad = image_folder / "locked"
 
-    def denied(root, images_only):
+    def denied(self, folder, rel, ancestors):
         raise PermissionError(13, "Permission denied", str(bad))
-    monkeypatch.setattr(sources, "_files_under", denied)
+    monkeypatch.setattr(sources._Scan, "walk", denied)
     dest = tmp_path / "never"
     with pytest.raises(SourceError, match=f"cannot scan {bad} \\(Permission denied\\); fix its permissions"):
         build(image_folder, dest)

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import math
 import multiprocessing as mp
+import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,8 +26,9 @@ from .._util import human_bytes, parse_size, usable_cpus, write_json_atomic
 from ..errors import BuildError, FastdataError
 from .codecs import ENCODINGS, RESIZE_MODES, CodecConfig, process_file
 from .format import MANIFEST, SHARD_FORMATS, Manifest, load_manifest, shard_name
-from .journal import BuildLock, Journal, clean_strays, fingerprint, load_journal
-from .sources import Item, discover, partition
+from .journal import (BuildLock, Journal, clean_strays, fingerprint, inputs_digest, journal_from_manifest,
+                      load_journal)
+from .sources import Item, discover, is_cache_dir, partition, refuse_url
 from .writers import WRITERS
 
 log = logging.getLogger("fastdata.build")
@@ -49,6 +51,7 @@ class BuildConfig:
     on_error: str = "quarantine"   # quarantine | raise
     part: tuple[int, int] | None = None
     progress: bool = True
+    allow_empty_classes: bool = False   # keep class folders without images as labels (ImageFolder allow_empty)
 
     def validate(self) -> None:
         checks = [
@@ -75,6 +78,8 @@ class BuildConfig:
         d = asdict(self)
         for k in ("dest", "workers", "progress", "src"):
             d.pop(k)
+        if not d["allow_empty_classes"]:   # absent when off: fingerprints of earlier caches stay valid
+            d.pop("allow_empty_classes")
         d["shard_size"] = parse_size(self.shard_size)
         d["part"] = list(self.part) if self.part else None
         return d
@@ -87,17 +92,21 @@ class BuildResult:
     seconds: float
     resumed_shards: int   # shards already done when this run started
     already_built: bool = False
+    skipped: str = ""     # discovery's summary of entries left out of SRC, with reasons
+    repaired: tuple[tuple[str, str], ...] = ()   # (shard, problem) rebuilt in a finished cache
 
     def summary(self) -> str:
         m = self.manifest
+        skipped = f"; {self.skipped}" if self.skipped else ""
         if self.already_built:
-            return f"{m.num_samples} samples in {len(m.shards)} shards: already built with these settings"
+            return f"{m.num_samples} samples in {len(m.shards)} shards: already built with these settings{skipped}"
         rate = self.written / self.seconds if self.seconds > 0 else 0.0
         total = sum(s.bytes for s in m.shards)
         q = f", {len(m.quarantined)} quarantined (see `fastdata info`)" if m.quarantined else ""
         res = f" (resumed: {self.resumed_shards} shards were done)" if self.resumed_shards else ""
+        fixed = "; rebuilt " + ", ".join(f"{n} ({why})" for n, why in self.repaired) if self.repaired else ""
         return (f"{m.num_samples} samples in {len(m.shards)} shards, {human_bytes(total)}; "
-                f"{self.written} decoded in {self.seconds:.1f} s = {rate:.0f} img/s{res}{q}")
+                f"{self.written} decoded in {self.seconds:.1f} s = {rate:.0f} img/s{res}{q}{fixed}{skipped}")
 
 
 def items_per_shard(cfg: BuildConfig, n_items: int) -> int:
@@ -115,8 +124,12 @@ _progress = None  # per-worker shared counter, set by the pool initializer
 
 
 def _init_worker(counter) -> None:
+    """Pool workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent alone
+    stops the pool and prints the one-line message (no traceback from every worker)."""
     global _progress
     _progress = counter
+    if mp.current_process().name != "MainProcess":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def build_shard(task) -> tuple[int, object, list[dict], str | None]:
@@ -183,46 +196,87 @@ def _run(cfg: BuildConfig, dest: Path, items: tuple[Item, ...], journal: Journal
 
 
 def _prepare_dest(cfg: BuildConfig) -> Path:
+    """DEST must be missing, empty or a fastdata cache: a build never writes among a user's files
+    (it would delete its own strays there, and shard names could clash with theirs)."""
+    refuse_url(cfg.dest, "DEST")
     dest = Path(cfg.dest)
     if dest.exists() and not dest.is_dir():
         raise BuildError(f"DEST {dest} is a file; give a folder for the cache")
+    if dest.is_dir() and not is_cache_dir(dest):
+        try:
+            foreign = next((p.name for p in dest.iterdir()), None)
+        except OSError as e:
+            raise BuildError(f"DEST {dest} cannot be listed ({e.strerror}); choose a folder you can write to") from e
+        if foreign is not None:
+            raise BuildError(f"DEST {dest} is not empty and not a fastdata cache (it holds {foreign!r}, ...); "
+                             f"give a new or empty folder, e.g. {dest / 'cache'}")
     try:
         dest.mkdir(parents=True, exist_ok=True)
-        probe = dest / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
     except OSError as e:
         raise BuildError(f"DEST {dest} is not writable ({e.strerror}); choose a folder you can write to") from e
     return dest
 
 
+def _check_finished(cfg, dest: Path, items, fp: str):
+    """A finished cache in DEST: confirm it, or the journal that repairs its missing/damaged shards."""
+    done = load_manifest(dest)
+    if done.build.get("fingerprint") != fp:
+        raise BuildError(f"{dest} already holds a cache built with other settings or inputs; "
+                         f"choose another DEST or delete this one")
+    per = items_per_shard(cfg, len(items))
+    shard_of = {it.key: k // per for k, it in enumerate(items)}
+    journal, problems = journal_from_manifest(dest, done, fp, shard_of)
+    if not problems:
+        return done, None, {}
+    for name, why in sorted(problems.items()):
+        log.warning("build-cache: %s %s: rebuilding it", dest / name, why)
+    return done, journal, problems
+
+
 def build_cache(cfg: BuildConfig) -> BuildResult:
-    """Build (or resume, or confirm) the cache described by cfg."""
+    """Build (or resume, or confirm, or repair) the cache described by cfg."""
     cfg.validate()
-    source = discover(cfg.src, images_only=cfg.encode != "bytes")   # a bad SRC creates no DEST
+    source = discover(cfg.src, images_only=cfg.encode != "bytes", exclude=(cfg.dest,),
+                      allow_empty_classes=cfg.allow_empty_classes)   # a bad SRC creates no DEST
     items = partition(source.items, cfg.part)
     dest = _prepare_dest(cfg)
-    with BuildLock(dest):
-        identity = cfg.identity()
+    with BuildLock(dest):   # taken before anything is written in DEST: concurrent builds cannot race
+        identity = {**cfg.identity(), "inputs": len(source.items),
+                    "inputs_sha256": inputs_digest(it.key for it in source.items)}
         fp = fingerprint(identity, [it.key for it in items])
+        repaired = {}
         if (dest / MANIFEST).exists():
-            done = load_manifest(dest)
-            if done.build.get("fingerprint") != fp:
-                raise BuildError(f"{dest} already holds a cache built with other settings or inputs; "
-                                 f"choose another DEST or delete this one")
-            return BuildResult(done, 0, 0.0, len(done.shards), already_built=True)
-        journal = load_journal(dest, fp)
+            done, journal, repaired = _check_finished(cfg, dest, items, fp)
+            if journal is None:
+                return BuildResult(done, 0, 0.0, len(done.shards), already_built=True,
+                                   skipped=source.skipped_summary())
+        else:
+            journal = load_journal(dest, fp)
         clean_strays(dest, {s.name for s in journal.shards.values() if s is not None})
         resumed = len(journal.shards)
         t0 = time.perf_counter()
         written = _run(cfg, dest, items, journal)
         seconds = time.perf_counter() - t0
         manifest = _manifest(cfg, journal, source.label_map, identity, fp)
+        if manifest.num_samples == 0:
+            _no_samples(dest, manifest)
         write_json_atomic(dest / MANIFEST, manifest.to_json())
         journal.remove(dest)
-    result = BuildResult(manifest, written, seconds, resumed)
-    log.info("build-cache: %s", result.summary())
+    result = BuildResult(manifest, written, seconds, resumed, skipped=source.skipped_summary(),
+                         repaired=tuple(sorted(repaired.items())))
+    log.debug("build-cache: %s", result.summary())
     return result
+
+
+def _no_samples(dest: Path, manifest: Manifest) -> None:
+    """Every input was quarantined: a build error (an empty cache only fails later, in the loader)."""
+    listing = dest / ".build" / "quarantined.txt"
+    listing.write_text("".join(f"{q['path']}\t{q['reason']}\n" for q in manifest.quarantined),
+                       errors="backslashreplace")
+    first = manifest.quarantined[0] if manifest.quarantined else {"path": "?", "reason": "?"}
+    raise BuildError(f"no input could be decoded: all {len(manifest.quarantined)} were quarantined (first: "
+                     f"{first['path']}: {first['reason']}); the full list is in {listing}; fix the inputs "
+                     f"or point SRC at the right folder")
 
 
 def _manifest(cfg: BuildConfig, journal: Journal, label_map, identity: dict, fp: str) -> Manifest:

@@ -16,6 +16,7 @@ Resize policies (``size`` = S):
 from __future__ import annotations
 
 import io
+import os
 import zlib
 from dataclasses import dataclass
 
@@ -118,6 +119,8 @@ def process_file(path: str, cfg: CodecConfig) -> tuple[bytes, tuple[int, int, in
     except SampleError as e:
         return str(e)
     except OSError as e:
+        if os.path.islink(path) and not os.path.exists(path):
+            return f"dangling symlink: its target {os.readlink(path)} does not exist"
         return f"cannot read: {e.strerror or e}"
 
 

@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,11 +54,24 @@ class BuildLock:
             self._fd = None
 
 
+def key_bytes(key: str) -> bytes:
+    """A key's bytes, lossless for file names that are not valid UTF-8 (Python hands them over with
+    surrogate escapes, which plain .encode() refuses)."""
+    return key.encode("utf-8", "surrogateescape")
+
+
+def inputs_digest(keys) -> str:
+    h = hashlib.sha256()
+    for k in keys:
+        h.update(key_bytes(k) + b"\0")
+    return h.hexdigest()
+
+
 def fingerprint(config: dict, keys: list[str]) -> str:
     """What must not change between a killed build and its resume: settings and input list."""
     h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
     for k in keys:
-        h.update(k.encode() + b"\0")
+        h.update(key_bytes(k) + b"\0")
     return h.hexdigest()
 
 
@@ -103,8 +117,47 @@ def load_journal(dest: Path, fp: str) -> Journal:
     return Journal(fp, shards, {int(k): v for k, v in d["quarantined"].items()})
 
 
+OWN_FILE = re.compile(r"^shard-\d{5,}\.(h5|pt)(\.tmp)?$|^manifest\.json\.tmp$")
+
+
 def clean_strays(dest: Path, keep: set[str]) -> None:
-    """Remove half-written *.tmp files and shards the journal does not vouch for."""
+    """Remove half-written *.tmp files and shards the journal does not vouch for. Only names this
+    program writes are touched (DEST was checked to be a fastdata cache before the lock was taken),
+    so a user's own `shard-plan.txt` is never deleted."""
     for p in dest.iterdir():
-        if p.is_file() and p.name.startswith("shard-") and p.name not in keep:
+        if OWN_FILE.match(p.name) and p.name not in keep and p.is_file() and not p.is_symlink():
             p.unlink()
+
+
+def shard_problem(dest: Path, info: ShardInfo) -> str | None:
+    """Why a finished cache's shard cannot be kept (missing, resized, checksum), or None."""
+    p = dest / info.name
+    if not p.is_file():
+        return "missing"
+    if p.stat().st_size != info.bytes:
+        return f"size {p.stat().st_size} B, manifest says {info.bytes} B"
+    if file_sha256(p) != info.sha256:
+        return "sha256 mismatch"
+    return None
+
+
+def journal_from_manifest(dest: Path, manifest, fp: str, shard_of: dict[str, int]) -> tuple[Journal, dict]:
+    """Resume state for repairing a finished cache: every intact shard is kept; missing or damaged
+    ones are left out of the journal, so the build redoes exactly those. shard_of maps an input key
+    to its shard index (quarantined inputs are put back under their shard). Returns (journal,
+    {shard name: problem}). Shard indices absent from the manifest held only quarantined inputs."""
+    problems = {s.name: why for s in manifest.shards if (why := shard_problem(dest, s)) is not None}
+    index = {s.name: int(s.name.split("-")[1].split(".")[0]) for s in manifest.shards}
+    bad = {index[n] for n in problems}
+    journal = Journal(fp)
+    for k in set(shard_of.values()):
+        if k not in bad:
+            journal.shards[k] = None
+    for s in manifest.shards:
+        if s.name not in problems:
+            journal.shards[index[s.name]] = s
+    for q in manifest.quarantined:
+        k = shard_of.get(q["path"])
+        if k is not None and k not in bad:
+            journal.quarantined.setdefault(k, []).append(q)
+    return journal, problems

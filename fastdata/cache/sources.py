@@ -2,14 +2,27 @@
 
 Discovery is deterministic (sorted paths) so that a resumed or partitioned
 build sees exactly the same item order as an uninterrupted one.
+
+Folder semantics follow torchvision's ImageFolder: classes are the sorted
+sub-folders of SRC (symlinked ones included), files are found recursively
+with symlinks followed (a link back to an ancestor folder is a loop and is
+skipped), and a class folder with no image is refused unless
+``allow_empty_classes``. Nothing is dropped silently: every entry left out
+(hidden, not an image, a loop, a fastdata cache inside SRC, a file beside the
+class folders) is counted in ``Source.skipped`` with its reason. A symlink
+whose target is gone is kept as an item, so the build quarantines it with a
+reason that names the missing target instead of the data set looking complete.
 """
 from __future__ import annotations
 
-import csv
-from dataclasses import dataclass
+import os
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._util import refuse_url
 from ..errors import SourceError
+from .lists import read_list
 
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
 LIST_EXTS = frozenset({".csv", ".txt", ".tsv", ".lst"})
@@ -27,65 +40,113 @@ class Source:
     items: tuple[Item, ...]
     label_map: dict[str, int]
     layout: str  # "folder" | "flat" | "list"
+    skipped: tuple[tuple[str, str], ...] = ()   # (path relative to SRC, why it was left out)
+
+    def skipped_summary(self) -> str:
+        """'3 entries skipped: 2 not an image file, 1 hidden' (empty when nothing was skipped)."""
+        if not self.skipped:
+            return ""
+        counts = Counter(why for _, why in self.skipped)
+        parts = ", ".join(f"{n} {why}" for why, n in counts.most_common())
+        return f"{len(self.skipped)} entries skipped: {parts}"
 
 
-def _files_under(root: Path, images_only: bool) -> list[Path]:
-    out = []
-    for p in root.rglob("*"):
-        if any(part.startswith(".") for part in p.relative_to(root).parts):
-            continue
-        if p.is_file() and (not images_only or p.suffix.lower() in IMAGE_EXTS):
-            out.append(p)
-    return sorted(out)
+def is_cache_dir(path: str | Path) -> bool:
+    """A fastdata cache (finished or being built): never an input class."""
+    p = Path(path)
+    return (p / "manifest.json").is_file() or (p / ".build").is_dir()
 
 
-def _from_folder(src: Path, images_only: bool) -> Source:
-    classes = sorted(d.name for d in src.iterdir() if d.is_dir() and not d.name.startswith("."))
+@dataclass
+class _Scan:
+    images_only: bool
+    exclude: frozenset[str]
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def skip(self, rel: str, why: str) -> None:
+        self.skipped.append((rel, why))
+
+    def wanted(self, name: str) -> bool:
+        return not self.images_only or os.path.splitext(name)[1].lower() in IMAGE_EXTS
+
+    def walk(self, folder: str, rel: str, ancestors: frozenset[str]) -> list[tuple[str, str]]:
+        """(path, key) of every input under folder, sorted as Path objects sort (by parts)."""
+        out = []
+        for e in sorted(os.scandir(folder), key=lambda e: e.name):
+            key = f"{rel}/{e.name}" if rel else e.name
+            if e.name.startswith("."):
+                self.skip(key, "hidden")
+            elif e.is_dir(follow_symlinks=True):
+                if self._enter(e.path, key, ancestors):
+                    out += self.walk(e.path, key, ancestors | {os.path.realpath(e.path)})
+            elif e.is_file(follow_symlinks=True) or e.is_symlink():   # a dangling link is kept: see above
+                if self.wanted(e.name):
+                    out.append((e.path, key))
+                else:
+                    self.skip(key, "not an image file" if self.images_only else "not a file")
+            else:
+                self.skip(key, "not a regular file")
+        return out
+
+    def _enter(self, path: str, key: str, ancestors: frozenset[str]) -> bool:
+        real = os.path.realpath(path)
+        if real in ancestors:
+            self.skip(key, "symlink loop")
+        elif real in self.exclude or is_cache_dir(path):
+            self.skip(key, "a fastdata cache")
+        else:
+            return True
+        return False
+
+
+def _from_folder(src: Path, images_only: bool, exclude: frozenset[str], allow_empty: bool) -> Source:
+    scan = _Scan(images_only, exclude)
+    root = os.path.realpath(src)
+    classes = []
+    for e in sorted(os.scandir(src), key=lambda e: e.name):
+        if not e.name.startswith(".") and e.is_dir(follow_symlinks=True) and scan._enter(e.path, e.name,
+                                                                                          frozenset({root})):
+            classes.append(e.name)
     if not classes:
-        files = _files_under(src, images_only)
-        items = tuple(Item(str(p), p.relative_to(src).as_posix(), 0) for p in files)
-        return Source(items, {".": 0}, "flat")
+        scan.skipped.clear()
+        files = scan.walk(str(src), "", frozenset({root}))
+        items = tuple(Item(p, k, 0) for p, k in files)
+        return Source(items, {".": 0}, "flat", tuple(scan.skipped))
     label_map = {c: i for i, c in enumerate(classes)}
-    items = []
+    items, empty = [], []
+    for e in sorted(os.scandir(src), key=lambda e: e.name):
+        if e.name not in label_map and not e.is_dir(follow_symlinks=True) and not e.name.startswith("."):
+            scan.skip(e.name, "file outside the class folders")
     for c in classes:
-        for p in _files_under(src / c, images_only):
-            items.append(Item(str(p), p.relative_to(src).as_posix(), label_map[c]))
-    return Source(tuple(items), label_map, "folder")
-
-
-def _read_list_rows(src: Path) -> list[list[str]]:
-    try:
-        text = src.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SourceError(f"{src}: cannot read file list ({e}); give a UTF-8 text file of 'path,label' lines") from e
-    delim = "\t" if src.suffix.lower() == ".tsv" else ","
-    rows = [r for r in csv.reader(text.splitlines(), delimiter=delim) if r and r[0].strip() and not r[0].startswith("#")]
-    if rows and rows[0][0].strip().lower() in ("path", "file", "filename"):
-        rows = rows[1:]
-    return rows
+        files = scan.walk(str(src / c), c, frozenset({root, os.path.realpath(src / c)}))
+        empty += [] if files else [c]
+        items += [Item(p, k, label_map[c]) for p, k in files]
+    if empty and not allow_empty:
+        raise SourceError(f"SRC {src}: class folder {src / empty[0]} holds no image files"
+                          f"{f' (and {len(empty) - 1} more)' if len(empty) > 1 else ''}; add images, remove "
+                          f"the folder, or pass --allow-empty-classes to keep it as a label without samples")
+    return Source(tuple(items), label_map, "folder", tuple(scan.skipped))
 
 
 def _from_list(src: Path) -> Source:
-    rows = _read_list_rows(src)
-    names = [r[1].strip() if len(r) > 1 else "0" for r in rows]
-    if all(n.lstrip("-").isdigit() for n in names):
-        label_map = {n: int(n) for n in sorted(set(names), key=int)}
-    else:
-        label_map = {n: i for i, n in enumerate(sorted(set(names)))}
+    rows, label_map = read_list(src)
     items = []
-    for lineno, (row, name) in enumerate(zip(rows, names), start=1):
-        p = Path(row[0].strip())
+    for lineno, path, name in rows:
+        p = Path(path)
         p = p if p.is_absolute() else (src.parent / p)
-        if not p.is_file():
-            raise SourceError(f"{src}: entry {lineno} names {p}, which does not exist; fix or remove that line")
-        items.append(Item(str(p), row[0].strip(), label_map[name]))
+        if not p.is_file() and not p.is_symlink():
+            raise SourceError(f"{src}: line {lineno} names {p}, which does not exist; fix or remove that line")
+        items.append(Item(str(p), path, label_map[name]))
     return Source(tuple(items), label_map, "list")
 
 
-def discover(src: str | Path, images_only: bool = True) -> Source:
-    """Return the sorted items of SRC. images_only=False keeps every file (kind=bytes)."""
+def discover(src: str | Path, images_only: bool = True, *, exclude: tuple[str | Path, ...] = (),
+             allow_empty_classes: bool = False) -> Source:
+    """Return the sorted items of SRC. images_only=False keeps every file (kind=bytes).
+    exclude: folders never taken as input (the cache being built, when it lies inside SRC)."""
+    refuse_url(src, "SRC")
     src = Path(src)
-    if not src.exists():
+    if not src.exists() and not src.is_symlink():
         raise SourceError(f"SRC {src} does not exist; give an image folder (class sub-folders) or a file list (.csv/.txt)")
     if src.is_file():
         if src.suffix.lower() not in LIST_EXTS:
@@ -95,14 +156,16 @@ def discover(src: str | Path, images_only: bool = True) -> Source:
         raise SourceError(f"SRC {src} is neither a folder nor a regular file; give an image folder "
                           f"(class sub-folders) or a file list (.csv/.txt)")
     else:
+        ex = frozenset(os.path.realpath(p) for p in exclude)
         try:
-            source = _from_folder(src, images_only)
+            source = _from_folder(src, images_only, ex, allow_empty_classes)
         except OSError as e:  # unreadable sub-folder or file: name it rather than fail with a traceback
             raise SourceError(f"SRC {src}: cannot scan {e.filename or src} ({e.strerror or e}); "
                               f"fix its permissions or point SRC at the dataset folder itself") from e
     if not source.items:
         what = "image files (" + ", ".join(sorted(IMAGE_EXTS)) + ")" if images_only else "files"
-        raise SourceError(f"SRC {src}: no {what} found; expected class sub-folders of images, "
+        skipped = f" ({source.skipped_summary()})" if source.skipped else ""
+        raise SourceError(f"SRC {src}: no {what} found{skipped}; expected class sub-folders of images, "
                           f"or use --encode bytes for other files")
     return source
 

@@ -12,7 +12,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from .._util import human_bytes
+from .._util import human_bytes, refuse_url
 from ..errors import FastdataError
 from .format import MANIFEST, load_manifest
 
@@ -53,6 +53,7 @@ def _is_tmpfs(path: Path) -> bool:
 
 def stage_cache(cache: str | Path, target: str | Path) -> Path:
     """Copy cache to target (e.g. /dev/shm/name) and return the path to read from."""
+    refuse_url(target, "stage target")
     cache, target = Path(cache), Path(target)
     m = load_manifest(cache)
     if (target / MANIFEST).exists() and (target / MARKER).exists():
@@ -71,13 +72,16 @@ def stage_cache(cache: str | Path, target: str | Path) -> Path:
         log.warning("not staging %s (%s) to %s: %s; reading from %s instead",
                     cache, human_bytes(need), target, " and ".join(short), cache)
         return cache
+    if target.exists() and not (target / MARKER).exists():
+        raise FastdataError(f"{target} exists and was not staged by fastdata; choose a new folder to stage into")
     tmp = target.with_name(target.name + ".staging")
-    shutil.rmtree(tmp, ignore_errors=True)
+    if tmp.exists():
+        unstage(tmp)   # a copy a killed run left behind (it carries the marker); anything else is refused
     tmp.mkdir()
+    (tmp / MARKER).write_text(str(cache.resolve()))   # first, so a half copy is known to be ours
     for s in m.shards:
         shutil.copyfile(cache / s.name, tmp / s.name)
     shutil.copyfile(cache / MANIFEST, tmp / MANIFEST)
-    (tmp / MARKER).write_text(str(cache.resolve()))
     if target.exists():
         unstage(target)
     tmp.rename(target)

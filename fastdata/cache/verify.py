@@ -48,8 +48,8 @@ def _damaged_samples(path: Path, start: int) -> tuple[str, list[tuple[int, str]]
 
 
 def verify_cache(path: str | Path) -> VerifyReport:
-    path = Path(path)
     m = load_manifest(path)
+    path = Path(path)
     report = VerifyReport(path, len(m.shards))
     start = 0
     for info in m.shards:

@@ -85,8 +85,9 @@ class H5ShardWriter(ShardWriter):
         with h5py.File(self.tmp, "w") as f:
             f.attrs["format_version"] = FORMAT_VERSION
             for name, arr in arrays.items():
-                if name == "keys":
-                    arr = np.array(arr, dtype=h5py.string_dtype("utf-8"))
+                if name == "keys":   # bytes, so that non-UTF-8 file names (surrogate escapes) survive
+                    arr = np.array([k.encode("utf-8", "surrogateescape") for k in arr],
+                                   dtype=h5py.string_dtype("utf-8"))
                 # contiguous + uncompressed: readers memory-map "data" at its file offset
                 f.create_dataset(name, data=arr, track_times=False)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._util import refuse_url
 from ..cache.format import Manifest, ShardInfo, load_manifest
 from ..errors import CacheFormatError
 
@@ -67,7 +68,7 @@ def _open_h5(path: Path) -> Shard:
     with h5py.File(path, "r") as f:
         ds = f["data"]
         arrays = {k: f[k][()] for k in ("offsets", "labels", "shapes", "crc32")}
-        keys = [k.decode() if isinstance(k, bytes) else str(k) for k in f["keys"][()]]
+        keys = [k.decode("utf-8", "surrogateescape") if isinstance(k, bytes) else str(k) for k in f["keys"][()]]
         offset, n = ds.id.get_offset(), ds.shape[0]
         if n and offset is None:  # chunked or compressed: not written by fastdata, read it whole
             data = torch.from_numpy(ds[()])
@@ -122,6 +123,8 @@ def open_shard(path: Path, info: ShardInfo | None = None, cache: Path | None = N
     shard.stat = (st.st_size, st.st_ino, st.st_mtime_ns)
     if len(shard.offsets) != len(shard) + 1 or (len(shard) and int(shard.offsets[-1]) != shard.data.numel()):
         raise CacheFormatError(f"{path}: offsets do not match data size; {fix}")
+    if info is not None and len(shard) != info.count:
+        raise CacheFormatError(f"{path}: holds {len(shard)} samples but manifest.json says {info.count}; {fix}")
     return shard
 
 
@@ -129,6 +132,7 @@ class Cache:
     """A finished cache: manifest plus lazily mapped shards. Index with a global sample number."""
 
     def __init__(self, path: str | Path) -> None:
+        refuse_url(path, "cache")
         self.path = Path(path)
         self.manifest: Manifest = load_manifest(self.path)
         counts = [s.count for s in self.manifest.shards]

@@ -1,0 +1,79 @@
+"""Parse a file list (.csv/.tsv/.txt/.lst) of `path,label` lines, as spreadsheets and scripts write them.
+
+Accepted: a UTF-8 byte-order mark, a header line (`path,label`, `image,class`, ...), comma, tab or
+whitespace separation (sniffed from the first entry; `.tsv` is always tab), `#` comments, blank
+lines. Errors give the file's own line number.
+
+Labels: when every label is an integer, ids are the integers' ranks (0,10,...,50 -> 0..5), so a
+model sized by the number of classes never meets an id past its last output; the manifest's
+label_map keeps the original values as keys. Negative integers are refused. Other labels are
+class names, numbered in sorted order (as ImageFolder numbers its folders).
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from ..errors import SourceError
+
+HEADER_WORDS = frozenset({"path", "file", "filename", "file_name", "filepath", "image", "img", "image_path",
+                          "images", "name", "relpath", "url"})
+
+
+def _sniff(src: Path, first: str) -> str:
+    if src.suffix.lower() == ".tsv" or "\t" in first:
+        return "tab"
+    return "comma" if "," in first else "space"
+
+
+def _split(line: str, how: str) -> list[str]:
+    if how == "tab":
+        return [p.strip() for p in line.split("\t")]
+    if how == "comma":
+        return [p.strip() for p in next(csv.reader([line]))]
+    return line.strip().rsplit(None, 1)
+
+
+def _is_header(path: str, src: Path) -> bool:
+    p = Path(path)
+    p = p if p.is_absolute() else src.parent / p
+    return path.lower() in HEADER_WORDS or (not p.exists() and not p.suffix)
+
+
+def _int_label(name: str) -> int | None:
+    try:
+        return int(name)
+    except ValueError:
+        return None
+
+
+def read_list(src: Path) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
+    """([(line number, path, label name)], label_map name -> contiguous id)."""
+    try:
+        text = src.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SourceError(f"{src}: cannot read file list ({e}); give a UTF-8 text file of 'path,label' lines") from e
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1)
+             if line.strip() and not line.lstrip().startswith("#")]
+    if not lines:
+        return [], {}
+    how = _sniff(src, lines[0][1])
+    rows = []
+    for n, line in lines:
+        parts = _split(line, how)
+        rows.append((n, parts[0], parts[1] if len(parts) > 1 and parts[1] else "0"))
+    if _is_header(rows[0][1], src):
+        rows = rows[1:]
+    return _label_map(src, rows)
+
+
+def _label_map(src: Path, rows: list[tuple[int, str, str]]) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
+    """Rows with integer labels written canonically ('007' -> '7'), and the label map."""
+    ints = [_int_label(name) for _, _, name in rows]
+    if rows and all(v is not None for v in ints):
+        for (n, _, name), v in zip(rows, ints):
+            if v < 0:
+                raise SourceError(f"{src}: line {n} has label {name}; labels must be 0 or more (or class names)")
+        rows = [(n, path, str(v)) for (n, path, _), v in zip(rows, ints)]
+        return rows, {str(v): i for i, v in enumerate(sorted(set(ints)))}
+    return rows, {name: i for i, name in enumerate(sorted({name for _, _, name in rows}))}

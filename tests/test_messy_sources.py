@@ -1,0 +1,224 @@
+"""Messy inputs a new user brings (issue #17 write side, #18 build): each test failed before its fix."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastdata.cache.format import load_manifest
+from fastdata.cache.merge import merge_caches
+from fastdata.cache.verify import verify_cache
+from fastdata.cli import main
+from fastdata.data.dataset import CacheDataset
+from fastdata.errors import BuildError, FastdataError, SourceError
+
+from helpers import build
+
+
+def _tree(image_folder: Path, root: Path, classes=("a", "b", "c"), per_class: int = 3) -> Path:
+    """A small ImageFolder of real photos copied from the session's image folder."""
+    photos = sorted(image_folder.rglob("*.jpg"))
+    k = 0
+    for c in classes:
+        (root / c).mkdir(parents=True)
+        for j in range(per_class):
+            shutil.copyfile(photos[k], root / c / f"{j:03d}.jpg")
+            k += 1
+    return root
+
+
+def test_nonempty_foreign_dest_is_refused_and_nothing_is_deleted(image_folder, tmp_path, capsys):
+    src = _tree(image_folder, tmp_path / "src")
+    dest = tmp_path / "work"
+    dest.mkdir()
+    (dest / "shard-plan.txt").write_text("my notes")
+    (dest / "shard-00000.h5").write_text("not ours")
+    assert main(["build-cache", str(src), str(dest), "--no-progress", "--size", "32"]) == 2
+    err = capsys.readouterr().err
+    assert f"DEST {dest} is not empty and not a fastdata cache" in err and "\n" not in err.strip()
+    assert (dest / "shard-plan.txt").read_text() == "my notes" and (dest / "shard-00000.h5").read_text() == "not ours"
+    assert not (dest / ".build").exists()
+
+
+def test_a_users_file_in_a_cache_folder_survives_a_resume(image_folder, tmp_path):
+    src = _tree(image_folder, tmp_path / "src")
+    dest = tmp_path / "c"
+    build(src, dest, workers=0)
+    (dest / "manifest.json").unlink()      # looks unfinished: the resume path cleans strays
+    (dest / "shard-plan.txt").write_text("mine")
+    (dest / "shard-00099.h5.tmp").write_text("a stray of ours")
+    build(src, dest, workers=0)
+    assert (dest / "shard-plan.txt").read_text() == "mine" and not (dest / "shard-00099.h5.tmp").exists()
+
+
+def test_cache_inside_src_is_not_a_class(image_folder, tmp_path):
+    src = _tree(image_folder, tmp_path / "src")
+    first = build(src, src / "cache", workers=0)
+    second = build(src, src / "cache2", workers=0)
+    assert list(first.manifest.label_map) == list(second.manifest.label_map) == ["a", "b", "c"]
+    assert second.manifest.num_samples == 9 and "a fastdata cache" in second.skipped
+
+
+def test_empty_class_folder_is_refused_unless_allowed(image_folder, tmp_path):
+    src = _tree(image_folder, tmp_path / "src")
+    (src / "b_empty").mkdir()
+    (src / "b_empty" / "notes.txt").write_text("no images here")
+    with pytest.raises(SourceError, match=f"class folder {src / 'b_empty'} holds no image files"):
+        build(src, tmp_path / "c", workers=0)
+    assert not (tmp_path / "c").exists()
+    m = build(src, tmp_path / "c", workers=0, allow_empty_classes=True).manifest
+    assert m.label_map == {"a": 0, "b": 1, "b_empty": 2, "c": 3}
+    assert sorted(set(CacheDataset(tmp_path / "c").cache.labels().tolist())) == [0, 1, 3]
+
+
+def test_symlinked_folders_are_followed_and_loops_skipped_and_reported(image_folder, tmp_path):
+    src = _tree(image_folder, tmp_path / "src")
+    extra = _tree(image_folder, tmp_path / "elsewhere", classes=("x",), per_class=4) / "x"
+    os.symlink(extra, src / "a" / "more")                 # a symlinked sub-folder inside a class
+    os.symlink(src / "a", src / "a" / "more_loop")        # a loop back to its class folder
+    os.symlink(src, src / "b" / "up")                     # a loop back to SRC
+    (src / "c" / ".hidden.jpg").write_bytes(b"x")
+    (src / "c" / "readme.md").write_text("hi")
+    res = build(src, tmp_path / "c", workers=0)
+    keys = {q for q in CacheDataset(tmp_path / "c").cache.shard(0).keys}
+    assert res.manifest.num_samples == 9 + 4 and {f"a/more/{j:03d}.jpg" for j in range(4)} <= keys
+    assert "2 symlink loop" in res.skipped and "1 hidden" in res.skipped and "1 not an image file" in res.skipped
+
+
+def test_only_broken_inputs_is_a_build_error_naming_the_list(tmp_path, capsys):
+    src = tmp_path / "src" / "k"
+    src.mkdir(parents=True)
+    (src / "a.jpg").write_bytes(b"")
+    (src / "b.png").write_bytes(b"not a png at all")
+    dest = tmp_path / "c"
+    assert main(["build-cache", str(src.parent), str(dest), "--no-progress", "--workers", "0"]) == 2
+    err = capsys.readouterr().err
+    listing = dest / ".build" / "quarantined.txt"
+    assert "all 2 were quarantined" in err and str(listing) in err
+    assert sorted(line.split("\t")[0] for line in listing.read_text().splitlines()) == ["k/a.jpg", "k/b.png"]
+    assert not (dest / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("text,sep", [
+    ("\ufeffimage,class\n{a},cat\n{b},dog\n", ","),
+    ("path label\n{a} cat\n# comment\n\n{b}   dog\n", " "),
+    ("{a}\tcat\n{b}\tdog\n", "\t"),
+])
+def test_file_lists_with_header_bom_and_whitespace(image_folder, tmp_path, text, sep):
+    photos = sorted(image_folder.rglob("*.jpg"))[:2]
+    lst = tmp_path / "list.txt"
+    lst.write_text(text.format(a=photos[0], b=photos[1]), encoding="utf-8")
+    m = build(lst, tmp_path / "c", workers=0).manifest
+    assert m.num_samples == 2 and m.label_map == {"cat": 0, "dog": 1}
+
+
+def test_file_list_errors_give_the_files_own_line_number(image_folder, tmp_path):
+    photo = sorted(image_folder.rglob("*.jpg"))[0]
+    lst = tmp_path / "list.csv"
+    lst.write_text(f"\ufeffpath,label\n# a comment\n\n{photo},1\nmissing.jpg,2\n")
+    with pytest.raises(SourceError, match=r"line 5 names .*missing.jpg, which does not exist"):
+        build(lst, tmp_path / "c", workers=0)
+    lst.write_text(f"{photo},1\n{photo},-3\n")
+    with pytest.raises(SourceError, match="line 2 has label -3; labels must be 0 or more"):
+        build(lst, tmp_path / "c", workers=0)
+
+
+def test_integer_labels_become_contiguous_ids_and_the_map_keeps_the_originals(image_folder, tmp_path):
+    photos = sorted(image_folder.rglob("*.jpg"))[:6]
+    lst = tmp_path / "list.csv"
+    lst.write_text("".join(f"{p},{10 * k}\n" for k, p in enumerate(photos)) + f"{photos[0]},010\n")
+    dest = tmp_path / "c"
+    m = build(lst, dest, workers=0).manifest
+    assert m.label_map == {str(10 * k): k for k in range(6)}
+    assert CacheDataset(dest).cache.labels().tolist() == [0, 1, 2, 3, 4, 5, 1]
+
+
+def _parts(image_folder, tmp_path, n=3):
+    return [build(image_folder, tmp_path / f"p{i}", workers=0, part=(i, n)) and tmp_path / f"p{i}"
+            for i in range(n)]
+
+
+def test_merge_takes_any_order_and_refuses_duplicate_missing_and_foreign_parts(image_folder, tmp_path):
+    parts = _parts(image_folder, tmp_path)
+    full = build(image_folder, tmp_path / "full", workers=0).manifest
+    merged = merge_caches(tmp_path / "m", [parts[2], parts[0], parts[1]])
+    assert merged.num_samples == full.num_samples
+    assert CacheDataset(tmp_path / "m").cache.labels().tolist() == CacheDataset(tmp_path / "full").cache.labels().tolist()
+    assert verify_cache(tmp_path / "m").ok
+    with pytest.raises(BuildError, match="part 0/3 given twice"):
+        merge_caches(tmp_path / "m2", [parts[0], parts[0], parts[1], parts[2]])
+    with pytest.raises(BuildError, match=r"part\(s\) 2 of 3 missing"):
+        merge_caches(tmp_path / "m3", parts[:2])
+    other = build(image_folder, tmp_path / "q1", workers=0, part=(1, 3), size=32)
+    assert other
+    with pytest.raises(BuildError, match="differs|differ from"):
+        merge_caches(tmp_path / "m4", [parts[0], tmp_path / "q1", parts[2]])
+    with pytest.raises(BuildError, match="not built with --part"):
+        merge_caches(tmp_path / "m5", [tmp_path / "full"])
+    assert not (tmp_path / "m2").exists() and not (tmp_path / "m3").exists()
+
+
+@pytest.mark.parametrize("damage", ["delete", "flip"])
+def test_missing_or_damaged_shard_of_a_finished_cache_is_rebuilt(image_folder, tmp_path, damage):
+    dest = tmp_path / "c"
+    first = build(image_folder, dest, workers=0)
+    before = (dest / "manifest.json").read_bytes()
+    victim = dest / first.manifest.shards[1].name
+    if damage == "delete":
+        victim.unlink()
+    else:
+        raw = bytearray(victim.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        victim.write_bytes(bytes(raw))
+    again = build(image_folder, dest, workers=0)
+    assert not again.already_built and [n for n, _ in again.repaired] == [victim.name]
+    assert again.written == first.manifest.shards[1].count and victim.name in again.summary()
+    assert (dest / "manifest.json").read_bytes() == before and verify_cache(dest).ok
+
+
+@pytest.mark.parametrize("argv", [
+    ["build-cache", "{src}", "s3://bucket/x"], ["build-cache", "gs://bucket/src", "{tmp}/c"],
+    ["verify", "s3://bucket/x"], ["info", "s3://bucket/x"], ["stage", "{tmp}/c", "s3://b/y"],
+    ["merge", "s3://b/out", "{tmp}/c"],
+])
+def test_urls_are_refused_not_made_into_local_folders(image_folder, tmp_path, argv, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    build(image_folder, tmp_path / "c", workers=0)
+    argv = [a.format(src=image_folder, tmp=tmp_path) for a in argv]
+    assert main(argv) == 2
+    assert ":// URLs are not supported yet" in capsys.readouterr().err
+    assert not any(p.name.endswith(":") for p in tmp_path.iterdir())
+    import fastdata
+
+    with pytest.raises(FastdataError, match="not supported"):
+        fastdata.loader("s3://bucket/x", 4, device="cpu")
+
+
+def test_dangling_symlink_is_quarantined_naming_its_target(image_folder, tmp_path):
+    src = _tree(image_folder, tmp_path / "src")
+    os.symlink(tmp_path / "gone.jpg", src / "a" / "lost.jpg")
+    m = build(src, tmp_path / "c", workers=0).manifest
+    assert m.num_samples == 9
+    assert [(q["path"], q["reason"]) for q in m.quarantined] == [
+        ("a/lost.jpg", f"dangling symlink: its target {tmp_path / 'gone.jpg'} does not exist")]
+
+
+@pytest.mark.parametrize("fmt", ["h5", "pt"])
+def test_file_names_that_are_not_utf8_build_and_read_back_losslessly(image_folder, tmp_path, fmt, capsys):
+    src = _tree(image_folder, tmp_path / "src")
+    odd = os.fsdecode(b"caf\xe9-\xff.jpg")
+    shutil.copyfile(src / "a" / "000.jpg", os.path.join(src / "b", odd))
+    dest = tmp_path / "c"
+    assert main(["build-cache", str(src), str(dest), "--no-progress", "--workers", "0", "--format", fmt,
+                 "--size", "32"]) == 0
+    keys = [k for i in range(CacheDataset(dest).cache.num_shards) for k in CacheDataset(dest).cache.shard(i).keys]
+    assert f"b/{odd}" in keys and os.fsencode(f"b/{odd}") == b"b/caf\xe9-\xff.jpg"
+    assert verify_cache(dest).ok and main(["info", str(dest)]) == 0
+    img = CacheDataset(dest)[keys.index(f"b/{odd}")][0].numpy()
+    assert np.array_equal(img, CacheDataset(dest)[0][0].numpy())   # the same photo as a/000.jpg
+    capsys.readouterr()
+    json.loads((dest / "manifest.json").read_text())
