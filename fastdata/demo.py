@@ -43,7 +43,7 @@ def run_demo(out: str | Path = "sample", per_class: int = 24, steps: int = 20) -
 
 def add_cli(sub, commands: dict) -> None:
     p = sub.add_parser("demo", help="sample photos -> cache -> loader -> a few training steps")
-    p.add_argument("--out", default="sample")
-    p.add_argument("--per-class", type=int, default=24)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--out", default="sample", help="folder for the sample images and cache")
+    p.add_argument("--per-class", type=int, default=24, help="images per class in the sample")
+    p.add_argument("--steps", type=int, default=20, help="training steps to run")
     commands["demo"] = lambda a: (run_demo(a.out, a.per_class, a.steps), 0)[1]

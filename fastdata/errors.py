@@ -36,3 +36,7 @@ class DependencyError(FastdataError):
 
 class EngineError(FastdataError):
     """The training engine stopped (non-finite loss per policy, bad config)."""
+
+
+class CheckpointError(EngineError):
+    """A checkpoint is missing, damaged, or would need code to run to be opened."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import pickle
 import threading
 import time
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ def _open_h5(path: Path) -> Shard:
 
     with h5py.File(path, "r") as f:
         ds = f["data"]
+        if ds.dtype != np.uint8 or h5py.check_string_dtype(f["keys"].dtype) is None:   # references, objects
+            raise ValueError(f"data is {ds.dtype}, keys are {f['keys'].dtype}: not a fastdata shard")
         arrays = {k: f[k][()] for k in ("offsets", "labels", "shapes", "crc32")}
         keys = [k.decode("utf-8", "surrogateescape") if isinstance(k, bytes) else str(k) for k in f["keys"][()]]
         offset, n = ds.id.get_offset(), ds.shape[0]
@@ -117,8 +120,12 @@ def open_shard(path: Path, info: ShardInfo | None = None, cache: Path | None = N
                                f"(truncated or rewritten); {fix}")
     try:
         shard = _open_h5(path) if path.suffix == ".h5" else _open_pt(path)
-    except (OSError, RuntimeError, KeyError, ValueError, EOFError) as e:
+    except pickle.UnpicklingError as e:   # weights_only refused a global: a crafted or foreign file
+        raise CacheFormatError(f"{path}: refused: this .pt shard asks to unpickle objects that are not "
+                               f"tensors, and opening it could run code; rebuild the cache from its source") from e
+    except (OSError, RuntimeError, KeyError, ValueError, EOFError, TypeError, AttributeError) as e:
         raise CacheFormatError(f"{path}: cannot open shard ({type(e).__name__}: {e}); {fix}") from e
+    _check_dtypes(shard, path, fix)
     st = path.stat()
     shard.stat = (st.st_size, st.st_ino, st.st_mtime_ns)
     if len(shard.offsets) != len(shard) + 1 or (len(shard) and int(shard.offsets[-1]) != shard.data.numel()):
@@ -126,6 +133,17 @@ def open_shard(path: Path, info: ShardInfo | None = None, cache: Path | None = N
     if info is not None and len(shard) != info.count:
         raise CacheFormatError(f"{path}: holds {len(shard)} samples but manifest.json says {info.count}; {fix}")
     return shard
+
+
+def _check_dtypes(shard: Shard, path: Path, fix: str) -> None:
+    """A shard must hold the format's plain arrays (format.py); anything else was not written by us."""
+    want = {"data": (shard.data.dtype == torch.uint8 and shard.data.dim() == 1),
+            "offsets": shard.offsets.dtype == np.int64, "labels": shard.labels.dtype.kind in "iu",
+            "shapes": shard.shapes.dtype.kind in "iu", "crc32": shard.crc32.dtype.kind in "iu",
+            "keys": all(isinstance(k, str) for k in shard.keys)}
+    bad = [k for k, ok in want.items() if not ok]
+    if bad:
+        raise CacheFormatError(f"{path}: array(s) {', '.join(bad)} have the wrong type for a fastdata shard; {fix}")
 
 
 class Cache:

@@ -1,44 +1,94 @@
-"""Atomic checkpoints: torch.save to *.tmp, fsync, rename. A kill mid-write leaves the old one intact."""
+"""Checkpoints: atomic writes, loading that runs no code, and the run's random state.
+
+Writes: torch.save to *.tmp, fsync, rename, so a kill mid-write leaves the old
+checkpoint intact; an existing checkpoint of a later step is never replaced by
+an earlier one (a restarted job must not roll a run back).
+
+Reads: ``torch.load(weights_only=True)``. A checkpoint holds only tensors and
+plain containers (dict, list, tuple, str, bytes, numbers, None): the numpy RNG
+state is stored as a list, not a numpy object, so nothing needs unpickling
+beyond torch's own allowlist. A file that asks for anything else (a crafted
+pickle, an old checkpoint that stored numpy arrays) is refused with a
+CheckpointError naming the file and the type; ``trust=True``
+(`fastdata train --trust-checkpoint`) opens checkpoints this package wrote
+before, once, with full unpickling: only for files from a trusted source.
+"""
 from __future__ import annotations
 
+import logging
+import pickle
 import random
+import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .._util import atomic_replace
-from ..errors import EngineError
+from ..errors import CheckpointError
+
+log = logging.getLogger("fastdata.engine")
+_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (every GPU). Call it before building the model: weights are
+    drawn when the model is made, so seeding later cannot make two runs start alike."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(), "numpy": [name, keys.tolist(), pos, has_gauss, gauss],
+            "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if torch.cuda.is_available() and state["cuda"]:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(path: str | Path, state: dict) -> Path:
+def saved_step(path: Path) -> int | None:
+    """The step recorded in an existing checkpoint (memory-mapped, so cheap), or None."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(state["step"])
+    except Exception:  # noqa: BLE001 - unreadable or foreign: nothing to protect
+        return None
+
+
+def save_checkpoint(path: str | Path, state: dict) -> Path | None:
+    """Write state atomically; returns None (and writes nothing) when path holds a later step."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and (prev := saved_step(path)) is not None and prev > state["step"]:
+        log.warning("%s holds step %d, later than this run's step %d: left as it is", path, prev, state["step"])
+        return None
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
     atomic_replace(tmp, path)
     return path
 
 
-def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
+def load_checkpoint(path: str | Path, map_location="cpu", *, trust: bool = False) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise EngineError(f"{path}: no checkpoint there; check --resume, or start without it")
+        raise CheckpointError(f"{path}: no checkpoint there; check --resume, or start without it")
     try:
-        return torch.load(path, map_location=map_location, weights_only=False)
+        return torch.load(path, map_location=map_location, weights_only=not trust)
+    except pickle.UnpicklingError as e:
+        wanted = _GLOBAL.search(str(e))
+        what = f"the type {wanted.group(1)}" if wanted else "an object that is not a tensor or plain data"
+        raise CheckpointError(f"{path}: refused: it asks to unpickle {what}, and opening it could run code; "
+                              f"if you wrote it with an earlier fastdata and trust it, resume once with "
+                              f"--trust-checkpoint (the next save is in the safe format)") from None
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same clear message
-        raise EngineError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e}); it is damaged or not "
-                          f"a fastdata checkpoint; resume from an earlier one") from e
+        raise CheckpointError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e}); it is damaged or not "
+                              f"a fastdata checkpoint; resume from an earlier one") from e

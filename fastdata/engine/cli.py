@@ -1,8 +1,12 @@
 """`fastdata train`: the engine on a cache (or an image folder through a GPU-decode backend)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import signal
+import sys
+from pathlib import Path
 
 from ..errors import FastdataError
 
@@ -12,28 +16,49 @@ log = logging.getLogger("fastdata.engine")
 def add_cli(sub, commands: dict) -> None:
     p = sub.add_parser("train", help="train a model with the fastdata engine")
     p.add_argument("--data", required=True, help="cache folder, or an image folder with --backend dali|nvjpeg|cpu")
-    p.add_argument("--backend", default="auto", choices=("auto", "cache", "dali", "nvjpeg", "cpu"))
+    p.add_argument("--backend", default="auto", choices=("auto", "cache", "dali", "nvjpeg", "cpu"),
+                   help="how batches are made: cache (raw cache), dali/nvjpeg (GPU JPEG decode), cpu; auto picks")
     p.add_argument("--model", default="resnet50", help="smallnet | resnet18 | resnet50 | module:function")
     p.add_argument("--batch-size", default="256", help="an integer or 'auto'")
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32", "tf32"))
-    p.add_argument("--compile", default="off", choices=("off", "default", "max-autotune", "reduce-overhead"))
-    p.add_argument("--cuda-graph", action="store_true")
-    p.add_argument("--no-channels-last", action="store_true")
-    p.add_argument("--accum-steps", type=int, default=1)
-    p.add_argument("--clip-grad", type=float, default=None)
+    p.add_argument("--image-size", type=int, default=224,
+                   help="training crop size in pixels")
+    p.add_argument("--steps", type=int, default=None,
+                   help="stop when the run reaches this many optimizer steps in total")
+    p.add_argument("--epochs", type=int, default=1,
+                   help="epochs in total (a resumed run trains only the rest)")
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32", "tf32"),
+                   help="autocast precision; batches ship in the matching dtype")
+    p.add_argument("--compile", default="off", choices=("off", "default", "max-autotune", "reduce-overhead"),
+                   help="torch.compile mode")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="capture the whole step as one CUDA graph where it can be captured")
+    p.add_argument("--no-channels-last", action="store_true",
+                   help="keep NCHW contiguous memory format")
+    p.add_argument("--accum-steps", type=int, default=1,
+                   help="micro-batches per optimizer step")
+    p.add_argument("--clip-grad", type=float, default=None,
+                   help="clip the gradient norm to this value")
     p.add_argument("--checkpoint-blocks", default="", help="comma-separated module names, e.g. layer3,layer4")
-    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"))
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--distributed", default="auto", choices=("auto", "ddp", "zero", "none"))
-    p.add_argument("--nonfinite", default="skip", choices=("skip", "stop"))
-    p.add_argument("--ckpt-dir", default=None)
-    p.add_argument("--ckpt-every", type=int, default=0)
-    p.add_argument("--resume", default=None, help="checkpoint to continue from")
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"),
+                   help="optimizer (fused where available)")
+    p.add_argument("--lr", type=float, default=0.1,
+                   help="learning rate")
+    p.add_argument("--distributed", default="auto", choices=("auto", "ddp", "zero", "none"),
+                   help="under torchrun: DDP, ZeroRedundancyOptimizer, or none")
+    p.add_argument("--nonfinite", default="skip", choices=("skip", "stop"),
+                   help="a NaN/inf loss skips that update, or stops the run")
+    p.add_argument("--ckpt-dir", default=None,
+                   help="save DIR/last.pt here (every --ckpt-every steps, at the end, and on Ctrl-C); a rerun resumes from it")
+    p.add_argument("--ckpt-every", type=int, default=0,
+                   help="optimizer steps between checkpoints (0: only at the end)")
+    p.add_argument("--resume", default=None, help="checkpoint to continue from (default: CKPT_DIR/last.pt if any)")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="open a checkpoint of an earlier fastdata with full unpickling, which can run code "
+                        "from the file: only for checkpoints you trust")
+    p.add_argument("--log-every", type=int, default=50,
+                   help="steps between loss read-backs (each is one host sync)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds Python, NumPy and torch before the model is built, and the data order")
     p.add_argument("--json", default=None, help="write the report here")
     commands["train"] = run_train
 
@@ -49,39 +74,76 @@ def _config(a):
                         ckpt_every=a.ckpt_every, seed=a.seed)
 
 
+def _resume_path(a, cfg):
+    """--resume, else DIR/last.pt when --ckpt-dir holds one (a rerun of an interrupted command)."""
+    if a.resume:
+        return a.resume
+    if cfg.ckpt_dir and (Path(cfg.ckpt_dir) / "last.pt").is_file():
+        log.info("resuming from %s (pass another --ckpt-dir to start afresh)", Path(cfg.ckpt_dir) / "last.pt")
+        return str(Path(cfg.ckpt_dir) / "last.pt")
+    return None
+
+
+@contextlib.contextmanager
+def _stop_on_signals(engine):
+    """SIGINT/SIGTERM finish the step in progress, then fit() returns and the caller saves; a second
+    SIGINT interrupts at once."""
+    def handler(signum, frame):
+        if engine.stopped:
+            raise KeyboardInterrupt
+        engine.request_stop(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def run_train(a) -> int:
     from ..data.select import make_loader, num_classes
+    from .checkpoint import seed_everything
     from .engine import Engine
     from .models import resolve_model
 
     if a.batch_size != "auto" and not a.batch_size.isdigit():
         raise FastdataError(f"--batch-size {a.batch_size!r}: give a positive integer or 'auto'")
     cfg = _config(a)
-    model = resolve_model(a.model, num_classes(a.data))
-    engine = Engine(model, cfg)
-    bs = a.batch_size
-    curve = None
-    if bs == "auto":
-        bs, curve = auto_batch(engine, a.image_size)
+    seed_everything(a.seed)   # before the model is built: its initial weights come from this seed
+    classes = num_classes(a.data)
+    engine = Engine(resolve_model(a.model, classes), cfg)
+    bs, curve = (auto_batch(engine, a.image_size, classes) if a.batch_size == "auto" else (int(a.batch_size), None))
     # a compiled GPU run compiles the augmentation too: its few seconds are nothing beside the model's
     fused = cfg.compile != "off" and engine.device.type == "cuda"
     loader = make_loader(a.data, int(bs), backend=a.backend, image_size=a.image_size, seed=a.seed,
                          device=str(engine.device), fused_augment=fused)
-    if a.resume:
-        engine.load(a.resume, loader)
-    report = engine.fit(loader, steps=a.steps, epochs=a.epochs)
-    if cfg.ckpt_dir:
-        engine.save(f"{cfg.ckpt_dir}/last.pt", loader)
+    resume = _resume_path(a, cfg)
+    if resume:
+        engine.load(resume, loader, trust=a.trust_checkpoint)
+    start = engine.global_step
+    with _stop_on_signals(engine):   # --epochs is a total, as --steps is: a resumed run trains the rest
+        report = engine.fit(loader, steps=a.steps, epochs=max(0, a.epochs - engine.epoch))
+    saved = engine.save(f"{cfg.ckpt_dir}/last.pt", loader) if cfg.ckpt_dir and engine.global_step > start else None
     report.update({"batch_size": int(bs), "batch_curve": curve, "source": getattr(loader, "source", "")})
-    print(f"trained {report['steps']} steps: {report['img_per_s']:.0f} img/s, data wait "
-          f"{report['data_wait_frac']:.0%}, loss {report['loss']:.4f}, cuda_graph={report['cuda_graph']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1, default=str)
+    if engine.stopped:
+        where = f"saved {saved} at step {engine.global_step}; rerun the same command to resume" if saved else \
+            "nothing saved (no --ckpt-dir)"
+        print(f"fastdata train: stopped by {engine.stopped}: {where}", file=sys.stderr)
+        return 130 if engine.stopped == "SIGINT" else 143
+    if engine.global_step == start:
+        print(f"nothing to train: the run is at step {start}, epoch {engine.epoch} (limits --steps {a.steps}, "
+              f"--epochs {a.epochs}); the checkpoint is left as it is")
+        return 0
+    print(f"trained {report['steps']} steps: {report['img_per_s']:.0f} img/s, data wait "
+          f"{report['data_wait_frac']:.0%}, loss {report['loss']:.4f}, cuda_graph={report['cuda_graph']}")
     return 0
 
 
-def auto_batch(engine, image_size: int):
+def auto_batch(engine, image_size: int, num_classes: int):
     """Search the batch size on synthetic input of the real shape, then restore the model."""
     import torch
 
@@ -91,7 +153,7 @@ def auto_batch(engine, image_size: int):
 
     def step(bs: int) -> None:
         x = torch.randn(bs, 3, image_size, image_size, device=dev)
-        y = torch.randint(0, 10, (bs,), device=dev)
+        y = torch.randint(0, num_classes, (bs,), device=dev)   # labels the model's head can take
         engine.step.full(x.contiguous(memory_format=torch.channels_last), y)
 
     with engine.preserved_state():

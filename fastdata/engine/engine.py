@@ -82,6 +82,7 @@ class Engine:
         self.graphed, self._graph_tried = None, False
         self.global_step, self.epoch = 0, 0
         self._sampler = None
+        self.stopped: str | None = None   # set by request_stop()
         self._augment = AugmentConfig(dtype="float32", channels_last=cfg.channels_last)
 
     # ---- batches -------------------------------------------------------------------------------
@@ -138,7 +139,9 @@ class Engine:
     # ---- loop ------------------------------------------------------------------------------------
     def fit(self, loader, *, steps: int | None = None, epochs: int = 1, warmup_steps: int = 5,
             time_limit: float | None = None) -> dict:
-        """Train for `epochs` passes, or until `steps` optimizer steps, or `time_limit` timed seconds.
+        """Train for `epochs` passes over the loader (a loader restored mid-epoch finishes that epoch
+        first), or until the engine's step count reaches `steps` (a total: an engine restored at or past
+        it trains nothing), or `time_limit` timed seconds, or request_stop().
 
         The report covers the steps after `warmup_steps` (compilation, cudnn autotuning, graph
         capture happen there) and, on a GPU, NVML duty cycle and GPM SM activity over that window.
@@ -153,8 +156,15 @@ class Engine:
             if self._sampler is not None:
                 self._sampler.stop()
 
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Make fit() return after the optimizer step in progress (safe from a signal handler): the
+        caller then saves a checkpoint whose resume continues with the next batch."""
+        self.stopped = reason
+
     def _fit(self, loader, meter: Meter, steps, epochs: int, warmup_steps: int, time_limit) -> dict:
         accum = self.cfg.accum_steps
+        if steps is not None and self.global_step >= steps:   # resumed from the run's last checkpoint
+            return self._report(meter)
         for _ in range(epochs):
             remaining = _batches_left(loader)
             window_left, window = 0, accum
@@ -179,7 +189,7 @@ class Engine:
                 meter.steps += 1
                 fence.record()
                 self._after_step(meter, warmup_steps, loader)
-                if steps is not None and self.global_step >= steps:
+                if (steps is not None and self.global_step >= steps) or self.stopped:
                     return self._report(meter)
                 if time_limit is not None and meter.started and time.perf_counter() - meter.t0 >= time_limit:
                     return self._report(meter)
@@ -227,6 +237,7 @@ class Engine:
                 "loss": meter.records[-1]["loss"] if meter.records else float("nan"),
                 "nonfinite": sum(r["nonfinite"] for r in meter.records), "cuda_graph": self.graphed is not None,
                 "gpu": self._sampler.summary(since=meter.mark) if self._sampler else {},
+                "stopped": self.stopped,
                 "history": meter.records}
 
     # ---- checkpoints ----------------------------------------------------------------------------
@@ -243,8 +254,10 @@ class Engine:
         state = self.state_dict(loader)
         return ckpt.save_checkpoint(path, state) if rank() == 0 else None
 
-    def load(self, path, loader=None) -> None:
-        state = ckpt.load_checkpoint(path, map_location=self.device)
+    def load(self, path, loader=None, *, trust: bool = False) -> None:
+        """Restore model, optimizer, scaler, step, loader position and RNG state from path.
+        trust=True unpickles a checkpoint of an earlier fastdata (only for files you trust)."""
+        state = ckpt.load_checkpoint(path, map_location=self.device, trust=trust)
         unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])

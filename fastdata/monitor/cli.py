@@ -13,19 +13,19 @@ from ..errors import FastdataError
 def add_cli(sub, commands: dict) -> None:
     p = sub.add_parser("doctor", help="run training for a bounded time and name the bottleneck",
                        description="fastdata doctor --data CACHE [--model M]   or   fastdata doctor -- python train.py")
-    p.add_argument("--data", default=None)
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--model", default="resnet50")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--precision", default="bf16")
-    p.add_argument("--compile", default="off")
-    p.add_argument("--seconds", type=float, default=20.0)
-    p.add_argument("--json", default=None)
+    p.add_argument("--data", default=None, help="cache or image folder to run the engine on (or give a command after --)")
+    p.add_argument("--backend", default="auto", help="loader backend, as for fastdata train")
+    p.add_argument("--model", default="resnet50", help="smallnet | resnet18 | resnet50 | module:function")
+    p.add_argument("--batch-size", type=int, default=256, help="batch size")
+    p.add_argument("--image-size", type=int, default=224, help="training crop size in pixels")
+    p.add_argument("--precision", default="bf16", help="bf16 | fp16 | fp32 | tf32")
+    p.add_argument("--compile", default="off", help="torch.compile mode (off | default | max-autotune | reduce-overhead)")
+    p.add_argument("--seconds", type=float, default=20.0, help="how long to measure")
+    p.add_argument("--json", default=None, help="write the report here")
     p.add_argument("command", nargs="*", help="after --: your training command (it uses fastdata.monitor.doctor.Watch)")
     commands["doctor"] = run_doctor_cli
     p = sub.add_parser("monitor", help="live GPU counters: duty cycle, SM activity (GPM), memory, power")
-    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between lines")
     p.add_argument("--count", type=int, default=0, help="lines to print (0: until Ctrl-C)")
     commands["monitor"] = run_monitor
 

@@ -1,0 +1,175 @@
+"""`fastdata train` as a user runs it: Ctrl-C and rerun, epochs as a total, seeds, finished runs,
+and checkpoints that cannot run code (issues #17, #18, #24)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastdata.cli import main
+from fastdata.engine.checkpoint import load_checkpoint, save_checkpoint
+from fastdata.errors import CheckpointError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _train(cache, ck, *extra) -> list[str]:
+    return ["train", "--data", str(cache), "--model", "smallnet", "--batch-size", "8", "--image-size", "32",
+            "--precision", "fp32", "--lr", "0.01", "--ckpt-dir", str(ck), "--log-every", "1", *extra]
+
+
+def _step(path) -> int:
+    return int(torch.load(path, weights_only=True)["step"])
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_same_command_resumes(raw_cache, tmp_path):
+    ck = tmp_path / "ck"
+    cmd = [sys.executable, "-m", "fastdata.cli", *_train(raw_cache, ck, "--steps", "100000", "--epochs", "100000")]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)
+    for line in proc.stderr:   # wait until training runs
+        if "step 3 loss" in line:
+            break
+    os.killpg(proc.pid, signal.SIGINT)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, err
+    assert "Traceback" not in err and "stopped by SIGINT: saved" in err and "rerun the same command" in err
+    saved = _step(ck / "last.pt")
+    assert saved >= 3
+    rerun = [sys.executable, "-m", "fastdata.cli", *_train(raw_cache, ck, "--steps", str(saved + 4))]
+    out = subprocess.run(rerun, capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and "resuming from" in out.stderr and f"trained {saved + 4} steps" in out.stdout
+    assert _step(ck / "last.pt") == saved + 4
+
+
+def test_a_checkpoint_is_never_replaced_by_an_earlier_step(tmp_path):
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, {"step": 96, "w": torch.ones(2)})
+    assert save_checkpoint(path, {"step": 88, "w": torch.zeros(2)}) is None
+    assert _step(path) == 96 and torch.load(path, weights_only=True)["w"].sum() == 2
+
+
+def test_epochs_is_a_total_and_a_finished_run_trains_nothing(raw_cache, tmp_path, capsys):
+    ck = tmp_path / "ck"
+    per_epoch = -(-120 // 8)
+    assert main(_train(raw_cache, ck, "--epochs", "2")) == 0
+    assert _step(ck / "last.pt") == 2 * per_epoch
+    before = (ck / "last.pt").read_bytes()
+    capsys.readouterr()
+    assert main(_train(raw_cache, ck, "--epochs", "2")) == 0
+    assert "nothing to train" in capsys.readouterr().out and (ck / "last.pt").read_bytes() == before
+    assert main(_train(raw_cache, ck, "--epochs", "3")) == 0
+    assert _step(ck / "last.pt") == 3 * per_epoch
+
+
+def test_resume_from_the_final_checkpoint_of_a_steps_run_trains_nothing(raw_cache, tmp_path, capsys):
+    ck = tmp_path / "ck"
+    assert main(_train(raw_cache, ck, "--steps", "6")) == 0
+    before = (ck / "last.pt").read_bytes()
+    assert main(_train(raw_cache, ck, "--steps", "6", "--resume", str(ck / "last.pt"))) == 0
+    assert (ck / "last.pt").read_bytes() == before and "nothing to train" in capsys.readouterr().out
+
+
+def test_same_seed_same_run(raw_cache, tmp_path):
+    for name in ("a", "b"):
+        assert main(_train(raw_cache, tmp_path / name, "--steps", "3", "--seed", "7")) == 0
+    a, b = (torch.load(tmp_path / n / "last.pt", weights_only=True)["model"] for n in ("a", "b"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_auto_batch_labels_fit_a_head_with_few_classes(monkeypatch):
+    import fastdata.engine.batch_size as bsmod
+    from fastdata.engine.cli import auto_batch
+    from fastdata.engine.config import EngineConfig
+    from fastdata.engine.engine import Engine
+    from fastdata.engine.models import resolve_model
+
+    def probe(step, device, *a, **k):
+        step(16)   # raised IndexError / a CUDA assert when labels were drawn from 0..9
+        return 16, [(16, 1.0)]
+    monkeypatch.setattr(bsmod, "find_batch_size", probe)
+    engine = Engine(resolve_model("smallnet", 3), EngineConfig(precision="fp32", channels_last=False))
+    assert auto_batch(engine, 32, 3)[0] == 16
+
+
+class _Payload:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_checkpoint_that_would_run_code_is_refused_and_nothing_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "last.pt"
+    torch.save({"step": 1, "model": {}, "x": _Payload(str(marker))}, path)
+    with pytest.raises(CheckpointError, match=f"{path}: refused: it asks to unpickle the type posix.system"):
+        load_checkpoint(path)
+    assert not marker.exists()
+    assert main(["train", "--data", "nowhere", "--resume", str(path)]) == 2 and not marker.exists()
+
+
+def test_old_checkpoint_needs_trust_once(tmp_path):
+    import numpy as np
+
+    path = tmp_path / "old.pt"
+    torch.save({"step": 5, "rng": {"numpy": np.random.get_state()}}, path)   # what wave 1 wrote
+    with pytest.raises(CheckpointError, match="numpy.* --trust-checkpoint"):
+        load_checkpoint(path)
+    assert load_checkpoint(path, trust=True)["step"] == 5
+
+
+def _forge_manifest(cache, shard) -> None:
+    import json
+
+    from fastdata._util import file_sha256
+    from fastdata.cache.format import canonical_sha256
+
+    d = json.loads((cache / "manifest.json").read_text())
+    info = next(s for s in d["shards"] if s["name"] == shard.name)
+    info.update(bytes=shard.stat().st_size, sha256=file_sha256(shard))
+    d["manifest_sha256"] = canonical_sha256(d)
+    (cache / "manifest.json").write_text(json.dumps(d))
+
+
+def test_crafted_pt_shard_is_refused_and_nothing_runs(pt_cache, tmp_path):
+    import shutil
+
+    from fastdata.data.dataset import CacheDataset
+    from fastdata.errors import CacheFormatError
+
+    cache = tmp_path / "c"
+    shutil.copytree(pt_cache, cache)
+    marker = tmp_path / "pwned"
+    shard = cache / "shard-00000.pt"
+    obj = torch.load(shard, weights_only=True)
+    obj["keys"] = [_Payload(str(marker))] * len(obj["keys"])
+    torch.save(obj, shard)
+    _forge_manifest(cache, shard)   # a forger also fixes the manifest, so only the unpickler stands guard
+    with pytest.raises(CacheFormatError, match=f"{shard}: refused: this .pt shard asks to unpickle"):
+        CacheDataset(cache).cache.shard(0)
+    assert not marker.exists()
+
+
+def test_h5_shard_with_object_references_is_refused(raw_cache, tmp_path):
+    import shutil
+
+    import h5py
+
+    from fastdata.data.dataset import CacheDataset
+    from fastdata.errors import CacheFormatError
+
+    cache = tmp_path / "c"
+    shutil.copytree(raw_cache, cache)
+    with h5py.File(cache / "shard-00000.h5", "r+") as f:
+        n = len(f["keys"])
+        del f["keys"]
+        f.create_dataset("keys", (n,), dtype=h5py.ref_dtype)
+    _forge_manifest(cache, cache / "shard-00000.h5")
+    with pytest.raises(CacheFormatError, match="shard-00000.h5: cannot open shard .*not a fastdata shard"):
+        CacheDataset(cache).cache.shard(0)
