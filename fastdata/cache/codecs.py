@@ -73,27 +73,32 @@ def _target(w: int, h: int, cfg: CodecConfig) -> tuple[tuple[int, int], tuple[fl
     return (max(1, round(w * k)), max(1, round(h * k))), box
 
 
-def decode(data: bytes, cfg: CodecConfig) -> Image.Image:
-    """bytes -> resized RGB PIL image. Raises SampleError with the reason."""
+def open_rgb(data: bytes, draft: int | None = None) -> Image.Image:
+    """bytes -> upright 8-bit RGB PIL image (EXIF rotation, 16-bit, CMYK, alpha, palette normalised).
+    The one decode path of the build and of the PIL read backend. draft=S lets libjpeg decode a
+    JPEG at a reduced scale that still covers S x S. Raises SampleError with the reason."""
     if not data:
         raise SampleError("empty file (0 bytes)")
     try:
         img = Image.open(io.BytesIO(data))
-        if cfg.draft and img.format == "JPEG" and cfg.resize != "none":
-            img.draft("RGB", (cfg.size, cfg.size))
+        if draft and img.format == "JPEG":
+            img.draft("RGB", (draft, draft))
         img = ImageOps.exif_transpose(img)
         img.load()
-        img = _to_rgb(img)
-        size, box = _target(img.width, img.height, cfg)
-        if size != img.size or box != (0, 0, img.width, img.height):
-            img = img.resize(size, Image.BILINEAR, box=box)
-        return img
-    except SampleError:
-        raise
+        return _to_rgb(img)
     except UnidentifiedImageError:
         raise SampleError("not an image PIL can read") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, EOFError) as e:
         raise SampleError(f"cannot decode: {e}") from None
+
+
+def decode(data: bytes, cfg: CodecConfig) -> Image.Image:
+    """bytes -> resized RGB PIL image. Raises SampleError with the reason."""
+    img = open_rgb(data, cfg.size if cfg.draft and cfg.resize != "none" else None)
+    size, box = _target(img.width, img.height, cfg)
+    if size != img.size or box != (0, 0, img.width, img.height):
+        img = img.resize(size, Image.BILINEAR, box=box)
+    return img
 
 
 def encode(data: bytes, cfg: CodecConfig) -> tuple[bytes, tuple[int, int, int]]:

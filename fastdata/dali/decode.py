@@ -13,7 +13,6 @@ contract, order, resume and coverage as fastdata.loader.
 """
 from __future__ import annotations
 
-import io
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -25,7 +24,8 @@ from PIL import Image
 from ..data.augment import AugmentConfig, normalize
 from ..data.batch import Batch, Coverage, Resumable
 from ..data.order import OrderConfig, SampleOrder
-from ..errors import DependencyError, LoaderError
+from ..cache.codecs import open_rgb
+from ..errors import DependencyError, LoaderError, SampleError
 from .crop import crop_box
 from .resize import crop_resize, pack
 from .source import EncodedSource
@@ -46,10 +46,13 @@ class DecodeConfig:
     world_size: int = 1
 
 
-def _pil_decode(data: np.ndarray, rng: np.random.Generator, cfg: AugmentConfig) -> np.ndarray:
-    img = Image.open(io.BytesIO(data.tobytes()))
-    img.draft("RGB", (cfg.size, cfg.size))
-    img = img.convert("RGB")
+def _pil_decode(data: np.ndarray, rng: np.random.Generator, cfg: AugmentConfig, name: str) -> np.ndarray:
+    """The build's decode (EXIF rotation, 16-bit, CMYK, alpha handled alike), then the crop."""
+    try:
+        img = open_rgb(data.tobytes(), draft=cfg.size)
+    except SampleError as e:
+        raise LoaderError(f"{name}: {e}; fix or remove the file, or build a cache first (fastdata build-cache "
+                          f"quarantines undecodable files)") from None
     t, left, h, w = crop_box(img.height, img.width, cfg, rng)
     return np.asarray(img.resize((cfg.size, cfg.size), Image.BILINEAR, box=(left, t, left + w, t + h)))
 
@@ -82,7 +85,8 @@ class DecodeLoader(Resumable):
         flips = rng.random(len(idx)) < 0.5 if self.cfg.augment.train and self.cfg.augment.flip else \
             np.zeros(len(idx), bool)
         if self.cfg.decoder == "pil":
-            pixels = np.stack([_pil_decode(e, rng, self.cfg.augment) for e in encoded])
+            pixels = np.stack([_pil_decode(e, rng, self.cfg.augment, self.encoded.name(i))
+                               for e, i in zip(encoded, idx)])
             return torch.from_numpy(pixels), torch.tensor(labels), torch.from_numpy(flips)
         return list(encoded), torch.tensor(labels), torch.from_numpy(flips), rng  # crops need decoded sizes
 

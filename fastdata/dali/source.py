@@ -60,7 +60,11 @@ class EncodedSource:
 
     def name(self, i: int) -> str:
         """Where sample i comes from, for error messages."""
-        return str(self.items[int(i)].path) if self.cache is None else f"cache sample {int(i)}"
+        if self.cache is None:
+            return str(self.items[int(i)].path)
+        s, j = self.cache.locate(int(i))
+        shard = self.cache.shard(s)
+        return f"{shard.path} sample {j} ({shard.keys[j]})"
 
     @property
     def kind(self) -> str:

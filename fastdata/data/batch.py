@@ -77,15 +77,33 @@ class Resumable:
     def state_dict(self) -> dict:
         return {"order": self.order.state_dict(), "coverage": self.coverage_audit.state_dict()}
 
+    _resume_pending = False   # set by load_state_dict: the next iter() continues from the loaded position
+
     def load_state_dict(self, state: dict) -> None:
         self.order.load_state_dict(state["order"])
         self.coverage_audit.load_state_dict(state["coverage"])
+        self._resume_pending = True
+
+    def batches_left(self) -> int:
+        """Batches the next iter() will yield."""
+        if self._fresh_pass_due():
+            return len(self)
+        return len(self.order.epoch_batches())
 
     def coverage(self) -> dict:
         """This rank's audit for the current epoch: samples seen, repeated, missed."""
         return self.coverage_audit.report()
 
+    def _fresh_pass_due(self) -> bool:
+        return self.order.position > 0 and not self._resume_pending
+
     def _epoch_batches(self) -> list:
+        """Start of __iter__. As with torch's DataLoader every iter() is a fresh pass: a pass left early
+        (break) is not continued by the next one, which starts the next epoch. Only a state loaded with
+        load_state_dict() is continued, exactly where it was saved."""
+        if self._fresh_pass_due():
+            self.order.next_epoch()
+        self._resume_pending = False
         if self.order.position == 0:
             self.coverage_audit.reset(self.order.epoch)
         return self.order.epoch_batches()

@@ -268,6 +268,5 @@ class Engine:
 
 
 def _batches_left(loader) -> int:
-    total = len(loader)
-    order = getattr(loader, "order", None)
-    return total - order.position // order.batch_size if order is not None else total
+    left = getattr(loader, "batches_left", None)
+    return left() if left is not None else len(loader)
