@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     try:
-        return fn(a)
+        code = fn(a)
+        sys.stdout.flush()   # inside the try: a closed pipe shows up here, not at interpreter exit
+        return code
     except BrokenPipeError:   # `fastdata info CACHE | head`: the reader left; stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -222,3 +222,36 @@ def test_file_names_that_are_not_utf8_build_and_read_back_losslessly(image_folde
     assert np.array_equal(img, CacheDataset(dest)[0][0].numpy())   # the same photo as a/000.jpg
     capsys.readouterr()
     json.loads((dest / "manifest.json").read_text())
+
+
+def test_build_summary_is_printed_once(image_folder, tmp_path):
+    import subprocess
+    import sys
+
+    src = _tree(image_folder, tmp_path / "src")
+    out = subprocess.run([sys.executable, "-m", "fastdata.cli", "build-cache", str(src), str(tmp_path / "c"),
+                          "--no-progress", "--workers", "0"], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert (out.stdout + out.stderr).count("9 samples in") == 1
+
+
+def test_info_into_a_closed_pipe_ends_quietly(image_folder, tmp_path):
+    import subprocess
+    import sys
+
+    src = _tree(image_folder, tmp_path / "src")
+    for k in range(3000):   # enough quarantine lines to outgrow the pipe's 64 KiB buffer
+        (src / "a" / f"bad{k:04d}.jpg").write_bytes(b"broken")
+    build(src, tmp_path / "c", workers=0)
+    cmd = f"{sys.executable} -m fastdata.cli info {tmp_path / 'c'} | head -1"
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
+    assert out.stdout.count("\n") == 1 and "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr
+
+
+def test_every_option_has_help_text():
+    from fastdata.cli import _parser
+
+    sub = next(a for a in _parser()._actions if a.dest == "cmd")
+    missing = [f"{name} {a.option_strings or a.dest}" for name, p in sub.choices.items() for a in p._actions
+               if a.help is None]
+    assert not missing, missing

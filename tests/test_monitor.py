@@ -19,19 +19,25 @@ from fastdata.monitor.profile import _union
 
 
 class SlowDataset(Dataset):
-    """A planted input bottleneck: 20 ms per sample in one worker."""
+    """A planted input bottleneck: 50 ms per sample in one worker (400 ms a batch), asleep, so a busy
+    machine cannot shrink it; the step of the tiny model on one thread stays far below it under load."""
 
     def __len__(self):
         return 10_000
 
     def __getitem__(self, i):
-        time.sleep(0.02)
+        time.sleep(0.05)
         return torch.randn(3, 32, 32), i % 10
 
 
-def test_slow_dataset_is_input_bound():
-    eng = Engine(SmallNet(10, width=8), EngineConfig(precision="fp32", log_every=10**6))
-    diag = run_doctor(eng, DataLoader(SlowDataset(), 8, num_workers=1), seconds=2.0)
+def test_slow_dataset_is_input_bound(monkeypatch):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # no OpenMP team to spin against background load
+    try:
+        eng = Engine(SmallNet(10, width=8), EngineConfig(precision="fp32", log_every=10**6))
+        diag = run_doctor(eng, DataLoader(SlowDataset(), 8, num_workers=1), seconds=2.0)
+    finally:
+        torch.set_num_threads(threads)
     assert diag.verdict == INPUT and diag.measured["data_wait_frac"] > 0.5
     assert "build-cache" in diag.fixes[0][0] and diag.fixes[0][1] > 2
 
