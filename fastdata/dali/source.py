@@ -50,6 +50,7 @@ class EncodedSource:
     def get(self, i: int) -> tuple[np.ndarray, int]:
         if self.cache is not None:
             data, label = self.cache.raw(int(i))
+            self.cache.check_integrity()
             return data.numpy(), label
         item = self.items[int(i)]
         try:

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..cache.codecs import decode_jpeg_rgb
+from .integrity import check_rows
 from .reader import Cache, open_cache
 
 
@@ -21,8 +22,8 @@ class CacheDataset(Dataset):
     transform, if given, is applied to the image tensor (e.g. a CPU crop/flip).
     """
 
-    def __init__(self, cache, transform: Callable | None = None) -> None:
-        self.cache = cache if isinstance(cache, Cache) else open_cache(cache)
+    def __init__(self, cache, transform: Callable | None = None, integrity: str = "shard") -> None:
+        self.cache = cache if isinstance(cache, Cache) else open_cache(cache, integrity)
         self.transform = transform
         self.kind = self.cache.manifest.kind
 
@@ -32,7 +33,10 @@ class CacheDataset(Dataset):
     def __getitem__(self, index: int):
         s, j = self.cache.locate(int(index))
         shard = self.cache.shard(s)
+        self.cache.check_integrity()
         data, label = shard.sample(j), int(shard.labels[j])
+        if self.cache.integrity == "sample":
+            check_rows(data.numpy()[None], shard.crc32[[j]], lambda k: self.cache.sample_name(index))
         if self.kind == "raw":
             image = data.view(*(int(x) for x in shard.shapes[j])).clone()
         elif self.kind == "jpeg":

@@ -28,6 +28,7 @@ import torch
 from ..cache.codecs import decode_jpeg_rgb
 from ..errors import CacheFormatError
 from .gather import gather
+from .integrity import check_rows
 from .reader import Cache
 
 CHECK_EVERY_S = 0.25   # a shard found unchanged is stat()ed again after this long, not every batch
@@ -68,6 +69,14 @@ def fill_batch(cache: Cache, idx: np.ndarray, slot: dict, read: str = "mmap") ->
     if copied is not None:
         copied.synchronize()  # host wait, in this reader thread: the previous copy out of the slot is done
     images, labels = slot["images"], slot["labels"]
+    cache.check_integrity()
+    _fill(cache, idx, images, labels, read)
+    if cache.integrity == "sample" and cache.manifest.kind == "raw":
+        rows = images[:len(idx)].numpy().reshape(len(idx), -1)
+        check_rows(rows, cache.crcs()[idx], lambda k: cache.sample_name(idx[k]))
+
+
+def _fill(cache: Cache, idx: np.ndarray, images: torch.Tensor, labels: torch.Tensor, read: str) -> None:
     table = cache.gather_table() if read == "mmap" else None
     if table is not None:   # the whole batch in one call: one GIL release (gather.py says why)
         cache.check_unchanged(np.unique(_shard_ids(cache, idx)), max_age=CHECK_EVERY_S)
@@ -88,7 +97,10 @@ def fill_batch(cache: Cache, idx: np.ndarray, slot: dict, read: str = "mmap") ->
             np.take(view, local, axis=0, out=images[lo:hi].numpy(), mode="clip")
         else:
             for pos, j in zip(range(lo, hi), local):
-                arr = decode_jpeg_rgb(shard.sample(int(j)).numpy())
+                data = shard.sample(int(j)).numpy()
+                if cache.integrity == "sample":
+                    check_rows(data[None], shard.crc32[[j]], lambda k: f"{shard.path} sample {int(j)}")
+                arr = decode_jpeg_rgb(data)
                 if arr.shape != tuple(shape):
                     raise CacheFormatError(f"{shard.path}: sample {int(j)} decodes to {arr.shape}, "
                                            f"manifest says {tuple(shape)}; rebuild the cache")

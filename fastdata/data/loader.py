@@ -28,6 +28,7 @@ from .batch import Batch, Coverage, Resumable
 from .order import OrderConfig, SampleOrder, resolve_rank_world
 from .reader import Cache, open_cache
 from .fill import fill_batch
+from .integrity import check_mode
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class LoaderConfig:
     read: str = "mmap"               # raw caches: mmap (one gather per shard) | pread (see fill.py)
     rank: int | None = None          # None: from torch.distributed when initialised
     world_size: int | None = None
+    integrity: str = "shard"         # shard | sample | off: checks on read (data/integrity.py)
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -197,7 +199,7 @@ def loader(cache, batch_size: int, *, device: str = "auto", shuffle: bool = True
     augment: None/False -> uint8 NHWC batches; True -> train-time RandomResizedCrop(224) + flip +
     normalise to float32 NCHW channels_last; or an AugmentConfig. options: see LoaderConfig.
     """
-    cache = cache if isinstance(cache, Cache) else open_cache(cache)
+    cache = cache if isinstance(cache, Cache) else open_cache(cache, check_mode(options.get("integrity", "shard")))
     if augment is True:
         augment = AugmentConfig()
     elif augment is False:

@@ -23,6 +23,7 @@ import torch
 from .._util import refuse_url
 from ..cache.format import Manifest, ShardInfo, load_manifest
 from ..errors import CacheFormatError
+from .integrity import ShardHasher, check_mode
 
 _DAMAGED = "run `fastdata verify {cache}` to see which shards are damaged, then rebuild them"
 
@@ -149,24 +150,43 @@ def _check_dtypes(shard: Shard, path: Path, fix: str) -> None:
 class Cache:
     """A finished cache: manifest plus lazily mapped shards. Index with a global sample number."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, integrity: str = "shard") -> None:
         refuse_url(path, "cache")
         self.path = Path(path)
         self.manifest: Manifest = load_manifest(self.path)
         counts = [s.count for s in self.manifest.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.integrity = check_mode(integrity)   # integrity.py: shard (default) | sample | off
         self._shards: dict[int, Shard] = {}
         self._pid = os.getpid()
-        self._table, self._lock, self._checked = None, threading.Lock(), {}
+        self._table, self._lock, self._checked, self._crcs = None, threading.Lock(), {}, None
+        self._hasher = ShardHasher() if integrity == "shard" else None
 
     def __len__(self) -> int:
         return self.manifest.num_samples
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_shards": {}, "_table": None, "_lock": None, "_checked": {}}
+        return {**self.__dict__, "_shards": {}, "_table": None, "_lock": None, "_checked": {}, "_hasher": None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _lock=threading.Lock())
+        self._hasher = ShardHasher() if self.integrity == "shard" else None
+
+    def check_integrity(self) -> None:
+        """Raise a CacheFormatError for damage found so far (integrity="shard"; never waits)."""
+        if self._hasher is not None:
+            self._hasher.raise_if_damaged()
+
+    def crcs(self) -> np.ndarray:
+        """crc32 of every sample by global index (integrity="sample")."""
+        if self._crcs is None:
+            self._crcs = np.concatenate([self.shard(i).crc32 for i in range(self.num_shards)])
+        return self._crcs
+
+    def sample_name(self, index: int) -> str:
+        s, j = self.locate(int(index))
+        shard = self.shard(s)
+        return f"{shard.path} sample {j} ({shard.keys[j]})"
 
     @property
     def num_shards(self) -> int:
@@ -181,7 +201,10 @@ class Cache:
             self._shards, self._table, self._checked, self._pid = {}, None, {}, os.getpid()
         if i not in self._shards:
             info = self.manifest.shards[i]
-            self._shards[i] = open_shard(self.path / info.name, info, self.path)
+            path = self.path / info.name
+            self._shards[i] = open_shard(path, info, self.path)
+            if self._hasher is not None:
+                self._hasher.submit(i, path, info.sha256, lambda: open_shard(path, info, self.path))
         return self._shards[i]
 
     def locate(self, index: int) -> tuple[int, int]:
@@ -239,6 +262,6 @@ class Cache:
             self._checked[int(i)] = now_t
 
 
-def open_cache(path: str | Path) -> Cache:
-    """Open a cache folder written by `fastdata build-cache`."""
-    return Cache(path)
+def open_cache(path: str | Path, integrity: str = "shard") -> Cache:
+    """Open a cache folder written by `fastdata build-cache` (integrity: see integrity.py)."""
+    return Cache(path, integrity)

@@ -1,0 +1,74 @@
+"""Damage inside a shard is caught on read (issue #18.6): named by shard and sample, in every mode."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import fastdata
+from fastdata.data.dataset import CacheDataset
+from fastdata.data.reader import open_shard
+from fastdata.errors import CacheFormatError, LoaderError
+
+from helpers import epoch_indices
+
+
+def _damaged_copy(raw_cache, tmp_path, what: str):
+    """A copy of the cache with one pixel byte (sample 3 of shard 0) or one label byte flipped."""
+    cache = tmp_path / "c"
+    shutil.copytree(raw_cache, cache)
+    path = cache / "shard-00000.h5"
+    shard = open_shard(path)
+    key = shard.keys[3]
+    if what == "pixel":
+        pos = shard.data_offset + int(shard.offsets[3]) + 100
+    else:   # the label array: find sample 3's int64 label in the file
+        import h5py
+
+        with h5py.File(path) as f:
+            pos = f["labels"].id.get_offset() + 3 * 8
+    del shard
+    raw = bytearray(path.read_bytes())
+    raw[pos] ^= 0x01
+    path.write_bytes(bytes(raw))
+    return cache, key
+
+
+@pytest.mark.parametrize("what", ["pixel", "label"])
+def test_default_check_names_the_shard_and_stops_the_next_batch(raw_cache, tmp_path, what):
+    cache, key = _damaged_copy(raw_cache, tmp_path, what)
+    dl = fastdata.loader(cache, 16, device="cpu", shuffle=False)
+    it = iter(dl)
+    next(it)
+    dl.cache._hasher.join()          # the background hash of shard 0 has finished
+    with pytest.raises(CacheFormatError, match="shard-00000.h5: sha256 differs from manifest.json") as e:
+        list(it)
+    assert (f"sample 3 ({key})" in str(e.value)) if what == "pixel" else "its metadata" in str(e.value)
+
+
+def test_sample_mode_refuses_the_batch_holding_the_damaged_sample(raw_cache, tmp_path):
+    cache, key = _damaged_copy(raw_cache, tmp_path, "pixel")
+    dl = fastdata.loader(cache, 16, device="cpu", shuffle=False, integrity="sample")
+    with pytest.raises(CacheFormatError, match=f"shard-00000.h5 sample 3 \\({key}\\): crc32 mismatch"):
+        next(iter(dl))
+    ds = CacheDataset(cache, integrity="sample")
+    assert ds[2][1] >= 0
+    with pytest.raises(CacheFormatError, match="sample 3"):
+        ds[3]
+
+
+def test_off_reads_through_and_bad_mode_is_refused(raw_cache, tmp_path):
+    cache, _ = _damaged_copy(raw_cache, tmp_path, "pixel")
+    dl = fastdata.loader(cache, 16, device="cpu", integrity="off")
+    assert sum(len(b) for b in epoch_indices(dl)) == 120
+    with pytest.raises(LoaderError, match="integrity='crc': choose one of shard, sample, off"):
+        fastdata.loader(cache, 16, device="cpu", integrity="crc")
+
+
+def test_intact_cache_passes_every_mode(raw_cache):
+    for mode in ("shard", "sample"):
+        dl = fastdata.loader(raw_cache, 16, device="cpu", integrity=mode)
+        assert sum(len(b) for b in epoch_indices(dl)) == 120
+        if mode == "shard":
+            dl.cache._hasher.join()
+            dl.cache.check_integrity()
