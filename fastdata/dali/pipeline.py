@@ -32,6 +32,7 @@ from ..data.augment import AugmentConfig
 from ..data.batch import Batch, Coverage, Resumable
 from ..data.order import OrderConfig, SampleOrder
 from ..errors import DependencyError, LoaderError
+from .dali_crop import CropFeed, crop_window
 from .plan import Feeder, Planned, files_for, native_plan, plan
 from .source import EncodedSource, undecodable
 
@@ -60,6 +61,10 @@ class DaliConfig:
     # DALI pipelines taking batches in turn, each with threads / pipelines CPU threads: one pipeline
     # decodes one batch at a time, so a second keeps the decoder busy during the first one's other stages
     pipelines: int = 1
+    # train crops: "plan" draws each sample's crop and flip from (seed, epoch, batch), like every other
+    # backend, so a resumed run decodes the same pixels; "dali" uses DALI's own random crop operator,
+    # whose draws restart with a rebuilt pipeline (not resumable; fewer CPU operators per batch)
+    crop: str = "plan"
     rank: int = 0
     world_size: int = 1
 
@@ -80,14 +85,20 @@ def _dali():
                               "(or use backend nvjpeg / cpu)") from None
 
 
-def _graph(encoded, idx, cfg: DaliConfig, gpu: bool):
-    """encoded JPEG bytes + sample indices -> (images NHWC float, indices on CPU, indices on device)."""
+def _graph(encoded, idx, cfg: DaliConfig, gpu: bool, draws=None):
+    """encoded JPEG bytes + sample indices -> (images NHWC float, indices on CPU, indices on device).
+    draws: the plan's per-sample crop uniforms (dali_crop.py), for crops that survive a resume."""
     dali, fn, types = _dali()
     aug = cfg.augment
     dev = "mixed" if gpu else "cpu"
     extra = {"hw_decoder_load": cfg.hw_decoder_load,
              "hybrid_huffman_threshold": cfg.hybrid_huffman_threshold} if gpu else {}
-    if aug.train:
+    if aug.train and draws is not None:
+        anchor, shape, mirror = crop_window(encoded, *draws, aug)
+        images = fn.decoders.image_slice(encoded, anchor, shape, device=dev, output_type=types.RGB,
+                                         normalized_anchor=False, normalized_shape=False, **extra)
+        images = fn.resize(images, size=[aug.size, aug.size], antialias=True)
+    elif aug.train:
         images = fn.decoders.image_random_crop(encoded, device=dev, output_type=types.RGB,
                                                random_area=list(aug.scale), random_aspect_ratio=list(aug.ratio),
                                                num_attempts=10, **extra)
@@ -134,6 +145,8 @@ class DaliLoader(Resumable):
                               f"each must be at least 1")
         if cfg.file_reader not in ("native", "feed"):
             raise LoaderError(f"file_reader={cfg.file_reader!r}: choose native or feed")
+        if cfg.crop not in ("plan", "dali"):
+            raise LoaderError(f"crop={cfg.crop!r}: choose plan (resumable) or dali")
         self.encoded, self.cfg, self.gpu = source, cfg, gpu
         self.device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
         ocfg = OrderConfig(cfg.shuffle, cfg.seed, source.window, cfg.rank, cfg.world_size)
@@ -171,17 +184,23 @@ class DaliLoader(Resumable):
         pipe = dali.pipeline.Pipeline(batch_size=cfg.batch_size, num_threads=self._threads,
                                       seed=cfg.seed + 1 + j, device_id=self.device.index if self.gpu else None,
                                       prefetch_queue_depth=cfg.prefetch)
+        planned_crops = cfg.crop == "plan" and cfg.augment.train
         with pipe:
+            draws = None
             if planned is not None:
                 files, idx = files_for(self.encoded, planned, cfg.batch_size)
                 encoded, index = fn.readers.file(files=files, labels=idx, random_shuffle=False,
                                                  prefetch_queue_depth=2, name="files")
                 fed.extend(planned)
+                if planned_crops:
+                    draws = fn.external_source(source=CropFeed(planned, cfg.seed, cfg.batch_size), num_outputs=3,
+                                               batch=True, dtype=types.FLOAT)
             else:
-                self._feeders[j].start(feed, fed)
-                encoded, index = fn.external_source(source=self._feeders[j], num_outputs=2, batch=True,
-                                                    dtype=[types.UINT8, types.INT64])
-            pipe.set_outputs(*_graph(encoded, index, cfg, self.gpu))
+                self._feeders[j].start(feed, fed, (cfg.seed, cfg.batch_size) if planned_crops else None)
+                encoded, index, *draws = fn.external_source(
+                    source=self._feeders[j], num_outputs=5 if planned_crops else 2, batch=True,
+                    dtype=[types.UINT8, types.INT64] + [types.FLOAT] * (3 if planned_crops else 0))
+            pipe.set_outputs(*_graph(encoded, index, cfg, self.gpu, draws or None))
         pipe.build()
         return _Lane(pipe, fed)
 

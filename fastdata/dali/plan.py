@@ -31,6 +31,7 @@ import numpy as np
 
 from ..data.order import SampleOrder
 from ..errors import LoaderError
+from .dali_crop import draws
 from .source import EncodedSource
 
 # samples per files list of the native reader; a new pipeline is built after them. Measured on 2 CPU
@@ -91,16 +92,22 @@ class Feeder:
         self.planned: Iterator[Planned] = iter(())
         self.pending: deque = deque()
         self.fed: deque[Planned] = deque()
+        self.crops: tuple[int, int] | None = None
 
     def _read(self, p: Planned):
         encoded = [self.source.get(i)[0] for i in p.idx.tolist()]
-        return encoded, p.idx.astype(np.int64).reshape(-1, 1)
+        out = [encoded, p.idx.astype(np.int64).reshape(-1, 1)]
+        if self.crops is not None:   # the plan's crop draws (dali_crop.py), one row per sample
+            seed, bs = self.crops
+            out += draws(seed, p.epoch, p.position // bs, len(p.idx), len(p.idx))
+        return out
 
-    def start(self, planned: Iterator[Planned], fed: deque) -> None:
-        """Feed from `planned` on; each batch handed to DALI is appended to `fed`."""
+    def start(self, planned: Iterator[Planned], fed: deque, crops: tuple[int, int] | None = None) -> None:
+        """Feed from `planned` on; each batch handed to DALI is appended to `fed`. With crops=(seed,
+        batch_size), each batch also carries its crop draws."""
         for _, fut in self.pending:
             fut.cancel()
-        self.planned, self.fed, self.pending = planned, fed, deque()
+        self.planned, self.fed, self.pending, self.crops = planned, fed, deque(), crops
         for p in islice(planned, self.ahead):
             self.pending.append((p, self.pool.submit(self._read, p)))
 
