@@ -27,6 +27,7 @@ _EXPORTS = {
     "load_manifest": "fastdata.cache.format",
     "merge_caches": "fastdata.cache.merge",
     "open_cache": "fastdata.data.reader",
+    "seed_everything": "fastdata.engine.checkpoint",
     "stage_cache": "fastdata.cache.stage",
     "verify_cache": "fastdata.cache.verify",
 }

@@ -138,7 +138,7 @@ def build_shard(task) -> tuple[int, object, list[dict], str | None]:
     writer = WRITERS[fmt](Path(dest) / shard_name(index, fmt))
     quarantined, reported = [], 0
     for n, item in enumerate(items, 1):
-        res = process_file(item.path, codec)
+        res = item.problem or process_file(item.path, codec, item.span)
         if isinstance(res, str):
             if on_error == "raise":
                 return index, None, [], (f"{item.path}: {res}; fix or remove the file, or rerun with --on-error "

@@ -114,11 +114,13 @@ def encode(data: bytes, cfg: CodecConfig) -> tuple[bytes, tuple[int, int, int]]:
     return buf.getvalue(), shape
 
 
-def process_file(path: str, cfg: CodecConfig) -> tuple[bytes, tuple[int, int, int], int] | str:
-    """Worker entry: returns (payload, shape, crc32) or a reason string for quarantine."""
+def process_file(path: str, cfg: CodecConfig, span: tuple[int, int] | None = None
+                 ) -> tuple[bytes, tuple[int, int, int], int] | str:
+    """Worker entry: returns (payload, shape, crc32) or a reason string for quarantine.
+    span: (offset, size) of the input inside path (a tar member), read with one pread."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read() if span is None else os.pread(f.fileno(), span[1], span[0])
         payload, shape = encode(data, cfg)
         return payload, shape, zlib.crc32(payload)
     except SampleError as e:

@@ -23,6 +23,7 @@ from pathlib import Path
 from .._util import refuse_url
 from ..errors import SourceError
 from .lists import read_list
+from .tarsource import is_tar_source, tar_items
 
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
 LIST_EXTS = frozenset({".csv", ".txt", ".tsv", ".lst"})
@@ -30,16 +31,18 @@ LIST_EXTS = frozenset({".csv", ".txt", ".tsv", ".lst"})
 
 @dataclass(frozen=True)
 class Item:
-    path: str   # absolute path to read
+    path: str   # absolute path to read (a file, or the tar that holds the member)
     key: str    # path relative to SRC, stored in the shard for audits
     label: int
+    span: tuple[int, int] | None = None   # (offset, size) of the bytes inside path (tar members)
+    problem: str = ""                     # set at discovery: quarantined with this reason, never read
 
 
 @dataclass(frozen=True)
 class Source:
     items: tuple[Item, ...]
     label_map: dict[str, int]
-    layout: str  # "folder" | "flat" | "list"
+    layout: str  # "folder" | "flat" | "list" | "tar"
     skipped: tuple[tuple[str, str], ...] = ()   # (path relative to SRC, why it was left out)
 
     def skipped_summary(self) -> str:
@@ -148,7 +151,10 @@ def discover(src: str | Path, images_only: bool = True, *, exclude: tuple[str | 
     src = Path(src)
     if not src.exists() and not src.is_symlink():
         raise SourceError(f"SRC {src} does not exist; give an image folder (class sub-folders) or a file list (.csv/.txt)")
-    if src.is_file():
+    if is_tar_source(src):
+        items, label_map, skipped = tar_items(src, IMAGE_EXTS if images_only else frozenset({""}), Item)
+        source = Source(items, label_map, "tar", skipped)
+    elif src.is_file():
         if src.suffix.lower() not in LIST_EXTS:
             raise SourceError(f"SRC {src} is a file but not a list (.csv/.txt/.tsv of 'path,label' lines)")
         source = _from_list(src)
