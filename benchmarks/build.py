@@ -66,7 +66,7 @@ def main() -> None:
             own = max(codec_rate(sub, a.size, encode) for _ in range(2))
             rate = 0.0
             for rep in range(2):  # best of two: this VM's CPU speed varies from run to run
-                res = build_cache(BuildConfig(str(src), str(tmp / f"c-{encode}-{rep}"), encode=encode,
+                res = build_cache(BuildConfig(src=str(src), dest=str(tmp / f"c-{encode}-{rep}"), encode=encode,
                                               size=a.size, workers=workers, progress=False))
                 rate = max(rate, res.written / res.seconds)
             rows.append({"what": f"fastdata codec ({encode}), 1 process", "img/s": own, "img/s/core": own})

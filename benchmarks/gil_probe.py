@@ -68,7 +68,7 @@ def main() -> None:
         tmp = Path(tempfile.mkdtemp())
         src = make_image_folder(tmp / "src", 100, photos_dir=a.photos)
         cache = tmp / "raw"
-        build_cache(BuildConfig(str(src), str(cache), progress=False))
+        build_cache(BuildConfig(src=str(src), dest=str(cache), progress=False))
     rows = [{"case": "main thread alone", "main ops/s": _ops(a.seconds), "loader img/s": ""}]
     for read in ("pread", "mmap"):
         runs = [probe(cache, read, a.seconds) for _ in range(a.reps)]

@@ -27,7 +27,7 @@ def _data(work: Path, per_class: int, size: int) -> Path:
     src, raw = work / "src", work / f"raw{size}"
     if not src.exists():
         make_image_folder(src, per_class=per_class)
-    build_cache(BuildConfig(str(src), str(raw), size=size, progress=False))
+    build_cache(BuildConfig(src=str(src), dest=str(raw), size=size, progress=False))
     return raw
 
 

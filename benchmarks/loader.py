@@ -150,8 +150,8 @@ def main() -> None:
     src, raw, jpeg = work / "src", work / "raw224", work / "jpeg256"
     if not src.exists():
         make_image_folder(src, a.per_class, photos_dir=a.photos)
-    build_cache(BuildConfig(str(src), str(raw), size=224, progress=False))
-    build_cache(BuildConfig(str(src), str(jpeg), encode="jpeg", size=256, progress=False))
+    build_cache(BuildConfig(src=str(src), dest=str(raw), size=224, progress=False))
+    build_cache(BuildConfig(src=str(src), dest=str(jpeg), encode="jpeg", size=256, progress=False))
     rows = []
     for row in ROWS + (GPU_ROWS if torch.cuda.is_available() else []):
         cmd = [sys.executable, __file__, "--one", row, "--src", str(src), "--raw", str(raw), "--jpeg", str(jpeg),

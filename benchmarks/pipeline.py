@@ -42,8 +42,8 @@ def _data(a, work: Path):
     if not src.exists():            # --work reuses a folder made by an earlier run
         make_image_folder(src, a.per_class, photos_dir=a.photos)
     log.info("made %s in %.0f s", src, time.perf_counter() - t0)
-    raw = build_cache(BuildConfig(str(src), str(work / "raw256"), size=256, progress=False))
-    jpg = build_cache(BuildConfig(str(src), str(work / "jpeg256"), encode="jpeg", size=256, progress=False))
+    raw = build_cache(BuildConfig(src=str(src), dest=str(work / "raw256"), size=256, progress=False))
+    jpg = build_cache(BuildConfig(src=str(src), dest=str(work / "jpeg256"), encode="jpeg", size=256, progress=False))
     log.info("raw cache: %s", raw.summary())
     log.info("jpeg cache: %s", jpg.summary())
     return src, work / "raw256", work / "jpeg256", {"raw_build": raw.summary(), "jpeg_build": jpg.summary()}

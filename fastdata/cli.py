@@ -15,7 +15,21 @@ from .errors import FastdataError
 log = logging.getLogger("fastdata")
 
 
+def _slurm_part() -> tuple[int, int]:
+    """--part slurm: this array task's slice, from the variables Slurm sets for `sbatch --array`."""
+    env = os.environ
+    try:
+        task, count = int(env["SLURM_ARRAY_TASK_ID"]), int(env["SLURM_ARRAY_TASK_COUNT"])
+        first = int(env.get("SLURM_ARRAY_TASK_MIN", 0))
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError("--part slurm: SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT are not "
+                                         "set; run it inside `sbatch --array=0-N`, or give --part i/n") from None
+    return task - first, count
+
+
 def _part(text: str) -> tuple[int, int]:
+    if text == "slurm":
+        return _slurm_part()
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
@@ -41,7 +55,11 @@ def _add_build(sub) -> None:
     p.add_argument("--workers", type=int, default=None, help="decode processes (default: usable CPUs)")
     p.add_argument("--on-error", default="quarantine", choices=("quarantine", "raise"),
                    help="an undecodable input is listed and left out (quarantine), or stops the build")
-    p.add_argument("--part", type=_part, default=None, help="build slice i/n of the inputs (job arrays)")
+    p.add_argument("--part", type=_part, default=None,
+                   help="build slice i/n of the inputs (job arrays); 'slurm' reads SLURM_ARRAY_TASK_ID/COUNT")
+    p.add_argument("--executor", default="local",
+                   help="local (process pool), dask (a LocalCluster) or dask://HOST:PORT (a running "
+                        "scheduler whose workers see SRC and DEST at the same paths)")
     p.add_argument("--stage", default=None, help="after building, copy to this tmpfs folder (e.g. /dev/shm/x)")
     p.add_argument("--allow-empty-classes", action="store_true",
                    help="keep class folders without images as labels (refused by default, as ImageFolder does)")
@@ -51,8 +69,10 @@ def _add_build(sub) -> None:
 def _cmd_build(a) -> int:
     from .cache.build import BuildConfig, build_cache
 
-    cfg = BuildConfig(a.src, a.dest, a.format, a.encode, a.size, a.resize, a.quality, a.shard_size,
-                      a.workers, a.on_error, a.part, not a.no_progress, a.allow_empty_classes)
+    cfg = BuildConfig(src=a.src, dest=a.dest, format=a.format, encode=a.encode, size=a.size, resize=a.resize,
+                      quality=a.quality, shard_size=a.shard_size, workers=a.workers, on_error=a.on_error,
+                      part=a.part, progress=not a.no_progress, allow_empty_classes=a.allow_empty_classes,
+                      executor=a.executor)
     result = build_cache(cfg)
     print(result.summary())
     for q in result.manifest.quarantined[:20]:

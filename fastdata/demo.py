@@ -23,7 +23,7 @@ def run_demo(out: str | Path = "sample", per_class: int = 24, steps: int = 20) -
     src = out / "images"
     if not src.exists():
         make_image_folder(src, per_class)
-    result = build_cache(BuildConfig(str(src), str(out / "cache"), size=144, shard_size="8MB"))
+    result = build_cache(BuildConfig(src=str(src), dest=str(out / "cache"), size=144, shard_size="8MB"))
     print("build:", result.summary())
     print("verify:", verify_cache(out / "cache").text())
     dl = loader(out / "cache", 32, augment=AugmentConfig(size=128), seed=0)

@@ -15,7 +15,7 @@ def build(src, dest, **kw):
     kw.setdefault("progress", False)
     kw.setdefault("size", 64)
     kw.setdefault("shard_size", "1MB")
-    return build_cache(BuildConfig(str(src), str(dest), **kw))
+    return build_cache(BuildConfig(src=str(src), dest=str(dest), **kw))
 
 
 def pil_reference(image_folder, size: int = 64) -> tuple[torch.Tensor, list[int]]:
@@ -82,3 +82,18 @@ def kill_build_after(cmd: list[str], dest, shards_done: int, extra_s: float) -> 
         pass
     proc.wait()
     return not (dest / "manifest.json").exists()
+
+
+def flaky_build_shard(task):
+    """build_shard that dies once per shard (a lost worker), for the Dask retry test. Marker files
+    in $FASTDATA_TEST_FLAKY_DIR remember which shards already failed, across worker processes."""
+    import os
+    from pathlib import Path
+
+    from fastdata.cache.jobs import build_shard
+
+    marker = Path(os.environ["FASTDATA_TEST_FLAKY_DIR"]) / f"failed-{task[0]}"
+    if not marker.exists():
+        marker.write_text("x")
+        raise RuntimeError(f"injected worker failure on shard {task[0]}")
+    return build_shard(task)

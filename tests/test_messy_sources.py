@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastdata.cache.format import load_manifest
 from fastdata.cache.merge import merge_caches
 from fastdata.cache.verify import verify_cache
 from fastdata.cli import main

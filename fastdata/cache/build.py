@@ -11,11 +11,9 @@ kill -9 redoes exactly the shards the journal does not vouch for.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import multiprocessing as mp
-import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,12 +22,12 @@ from tqdm import tqdm
 
 from .._util import human_bytes, parse_size, usable_cpus, write_json_atomic
 from ..errors import BuildError, FastdataError
-from .codecs import ENCODINGS, RESIZE_MODES, CodecConfig, process_file
-from .format import MANIFEST, SHARD_FORMATS, Manifest, load_manifest, shard_name
+from .codecs import ENCODINGS, RESIZE_MODES, CodecConfig
+from .executors import shard_map
+from .format import MANIFEST, SHARD_FORMATS, Manifest, load_manifest
 from .journal import (BuildLock, Journal, clean_strays, fingerprint, inputs_digest, journal_from_manifest,
                       load_journal)
 from .sources import Item, discover, is_cache_dir, partition, refuse_url
-from .writers import WRITERS
 
 log = logging.getLogger("fastdata.build")
 MIN_SHARDS = 64         # large data sets are cut into >= 64 shards to keep 64 workers busy; small ones
@@ -37,7 +35,7 @@ MIN_SHARDS = 64         # large data sets are cut into >= 64 shards to keep 64 w
 JPEG_RATIO = 10         # bytes estimate for cutting JPEG shards: raw size / 10 at quality ~90
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BuildConfig:
     src: str
     dest: str
@@ -51,6 +49,7 @@ class BuildConfig:
     on_error: str = "quarantine"   # quarantine | raise
     part: tuple[int, int] | None = None
     progress: bool = True
+    executor: str = "local"        # local (process pool) | dask (LocalCluster) | dask://HOST:PORT (executors.py)
     allow_empty_classes: bool = False   # keep class folders without images as labels (ImageFolder allow_empty)
 
     def validate(self) -> None:
@@ -62,6 +61,8 @@ class BuildConfig:
             (isinstance(self.size, int) and 1 <= self.size <= 16384, f"--size {self.size}: give 1..16384 pixels"),
             (1 <= self.quality <= 100, f"--quality {self.quality}: give 1..100"),
             (self.workers is None or self.workers >= 0, f"--workers {self.workers}: give 0 (in-process) or more"),
+            (self.executor == "local" or self.executor == "dask" or self.executor.startswith("dask://"),
+             f"--executor {self.executor!r}: give local, dask, or dask://HOST:PORT"),
             (self.part is None or 0 <= self.part[0] < self.part[1], f"--part {self.part}: give i/n with 0 <= i < n"),
         ]
         for ok, msg in checks:
@@ -76,7 +77,7 @@ class BuildConfig:
     def identity(self) -> dict:
         """The settings that determine the bytes of the cache (not workers/progress/paths)."""
         d = asdict(self)
-        for k in ("dest", "workers", "progress", "src"):
+        for k in ("dest", "workers", "progress", "src", "executor"):
             d.pop(k)
         if not d["allow_empty_classes"]:   # absent when off: fingerprints of earlier caches stay valid
             d.pop("allow_empty_classes")
@@ -120,59 +121,6 @@ def items_per_shard(cfg: BuildConfig, n_items: int) -> int:
     return max(1, min(by_bytes, max(64, math.ceil(n_items / MIN_SHARDS))))
 
 
-_progress = None  # per-worker shared counter, set by the pool initializer
-
-
-def _init_worker(counter) -> None:
-    """Pool workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent alone
-    stops the pool and prints the one-line message (no traceback from every worker)."""
-    global _progress
-    _progress = counter
-    if mp.current_process().name != "MainProcess":
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def build_shard(task) -> tuple[int, object, list[dict], str | None]:
-    """Worker: decode one shard's items and write it. Returns (index, ShardInfo|None, quarantined, error)."""
-    index, items, codec, fmt, dest, on_error = task
-    writer = WRITERS[fmt](Path(dest) / shard_name(index, fmt))
-    quarantined, reported = [], 0
-    for n, item in enumerate(items, 1):
-        res = item.problem or process_file(item.path, codec, item.span)
-        if isinstance(res, str):
-            if on_error == "raise":
-                return index, None, [], (f"{item.path}: {res}; fix or remove the file, or rerun with --on-error "
-                                         f"quarantine (finished shards are kept and the rerun resumes)")
-            quarantined.append({"path": item.key, "reason": res})
-        else:
-            writer.add(res[0], item.label, res[1], res[2], item.key)
-        if _progress is not None and (n % 8 == 0 or n == len(items)):
-            with _progress.get_lock():
-                _progress.value += n - reported
-            reported = n
-    try:
-        return index, (writer.close() if writer.count else None), quarantined, None
-    except OSError as e:  # disk full, DEST removed or made read-only mid-build
-        writer.tmp.unlink(missing_ok=True)
-        return index, None, [], (f"{writer.path}: cannot write shard ({e.strerror or e}); free space or fix "
-                                 f"permissions in {dest}, then rerun the same command to resume")
-
-
-@contextlib.contextmanager
-def _shard_map(workers: int, counter):
-    """Unordered map over shard tasks: a process pool, or this process when workers == 0.
-
-    fork, not spawn/forkserver: those re-import __main__, which breaks stdin scripts, notebooks
-    and scripts without a main guard. Workers only run PIL/numpy/h5py on their own files.
-    """
-    if workers == 0:
-        _init_worker(counter)
-        yield lambda tasks: map(build_shard, tasks)
-        return
-    with mp.get_context("fork").Pool(workers, _init_worker, (counter,)) as pool:
-        yield lambda tasks: pool.imap_unordered(build_shard, tasks)
-
-
 def _run(cfg: BuildConfig, dest: Path, items: tuple[Item, ...], journal: Journal) -> int:
     """Build every shard the journal lacks; returns the number of samples written."""
     per = items_per_shard(cfg, len(items))
@@ -181,17 +129,19 @@ def _run(cfg: BuildConfig, dest: Path, items: tuple[Item, ...], journal: Journal
     workers = min(len(tasks), usable_cpus() if cfg.workers is None else cfg.workers)
     counter = mp.get_context("fork").Value("q", 0)
     done_before = len(items) - sum(len(t[1]) for t in tasks)
-    written = 0
-    with _shard_map(workers, counter) as shard_map, tqdm(
+    sizes = {t[0]: len(t[1]) for t in tasks}
+    written, finished = 0, done_before
+    with shard_map(cfg.executor, workers, counter) as run, tqdm(
             total=len(items), initial=done_before, unit="img", disable=not cfg.progress,
             desc=f"build {dest.name}", dynamic_ncols=True, smoothing=0.05) as bar:
-        for index, info, quarantined, error in shard_map(tasks):
+        for index, info, quarantined, error in run(tasks):
             if error:  # the worker's message names the file and the fix
                 raise BuildError(error)
             journal.record(index, info, quarantined)
             journal.save(dest)
             written += info.count if info else 0
-            bar.update(done_before + counter.value - bar.n)
+            finished += sizes[index]   # a cluster's workers share no counter: whole shards move the bar
+            bar.update(max(finished, done_before + counter.value) - bar.n)
     return written
 
 

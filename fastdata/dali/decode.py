@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 from ..data.augment import AugmentConfig, normalize

@@ -1,0 +1,83 @@
+"""Where shard jobs run: this process, a local process pool, or a Dask cluster.
+
+``shard_map(executor, workers, counter)`` yields a function from shard tasks to an iterator of
+their results, in completion order. Executors:
+
+  local              fork-based process pool of ``workers`` (0: this process). fork, not spawn:
+                     spawn re-imports __main__, which breaks stdin scripts and notebooks.
+  dask               a dask.distributed LocalCluster of ``workers`` single-threaded processes.
+  dask://HOST:PORT   an existing Dask scheduler. Its workers need fastdata installed and DEST
+                     (and SRC) at the same path: a shared folder.
+
+Dask jobs are submitted with retries, so a job lost with its worker (killed, OOM, preempted) is
+run again elsewhere; a shard is written atomically, so a retried job never leaves half a shard.
+"""
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+
+from ..errors import BuildError, DependencyError
+from .jobs import _init_worker, build_shard
+
+RETRIES = 3
+
+
+@contextlib.contextmanager
+def shard_map(executor: str, workers: int, counter, fn=build_shard):
+    if executor == "local":
+        with _local_map(workers, counter, fn) as run:
+            yield run
+    else:
+        address = executor[len("dask://"):] if executor.startswith("dask://") else None
+        with dask_map(address, workers, fn) as run:
+            yield run
+
+
+@contextlib.contextmanager
+def _local_map(workers: int, counter, fn):
+    if workers == 0:
+        _init_worker(counter)
+        yield lambda tasks: map(fn, tasks)
+        return
+    with mp.get_context("fork").Pool(workers, _init_worker, (counter,)) as pool:
+        yield lambda tasks: pool.imap_unordered(fn, tasks)
+
+
+def _client(address: str | None, workers: int):
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        raise DependencyError("--executor dask needs Dask: pip install 'fastdata[dask]'") from None
+    if address is None:
+        cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        return Client(cluster), cluster
+    try:
+        return Client(address, timeout="20s"), None
+    except (OSError, TimeoutError) as e:
+        raise BuildError(f"--executor dask://{address}: cannot reach the Dask scheduler ({e}); start it "
+                         f"(dask scheduler) or check the address") from None
+
+
+@contextlib.contextmanager
+def dask_map(address: str | None, workers: int, fn=build_shard):
+    """Shard jobs as Dask futures, yielded as they complete (the progress bar follows them)."""
+    from dask.distributed import as_completed
+
+    client, cluster = _client(address, workers)
+
+    def run(tasks):
+        futures = [client.submit(fn, t, retries=RETRIES, pure=False) for t in tasks]
+        try:
+            for fut in as_completed(futures):
+                yield fut.result()
+        finally:
+            client.cancel(futures)
+
+    try:
+        yield run
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()

@@ -1,0 +1,78 @@
+"""The unit of build work, run wherever the executor puts it: decode one shard's inputs, write it.
+
+Pixels never cross a process (or machine) boundary: a job reads its inputs, writes its shard
+atomically into DEST (a local or shared folder) and returns only the shard's checksum record and
+its quarantine list. Because a shard's content is a pure function of its items, jobs may run in
+any order, anywhere, and be retried.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+from pathlib import Path
+
+from .codecs import process_file
+from .format import shard_name
+from .writers import WRITERS
+
+_progress = None  # per-worker shared counter, set by the pool initializer
+
+
+def _init_worker(counter) -> None:
+    """Pool workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent alone
+    stops the pool and prints the one-line message (no traceback from every worker)."""
+    global _progress
+    _progress = counter
+    if mp.current_process().name != "MainProcess":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+_malloc_tuned = False
+
+
+def _tune_malloc() -> None:
+    """Keep decoded images' buffers (~200 KB each) in the heap instead of a fresh mmap per image.
+
+    Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, under which glibc hands every freed
+    image buffer back to the kernel and page-faults the next one in: build jobs ran 35% slower in Dask
+    workers than in the process pool (2-core box). Raising the trim and mmap thresholds with mallopt
+    (once per process) made a job 16% faster than the default even in the pool."""
+    global _malloc_tuned
+    if _malloc_tuned:
+        return
+    _malloc_tuned = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-1, 64 << 20)   # M_TRIM_THRESHOLD
+        libc.mallopt(-3, 32 << 20)   # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):   # not glibc: nothing to tune
+        pass
+
+
+def build_shard(task) -> tuple[int, object, list[dict], str | None]:
+    """Worker: decode one shard's items and write it. Returns (index, ShardInfo|None, quarantined, error)."""
+    _tune_malloc()
+    index, items, codec, fmt, dest, on_error = task
+    writer = WRITERS[fmt](Path(dest) / shard_name(index, fmt))
+    quarantined, reported = [], 0
+    for n, item in enumerate(items, 1):
+        res = item.problem or process_file(item.path, codec, item.span)
+        if isinstance(res, str):
+            if on_error == "raise":
+                return index, None, [], (f"{item.path}: {res}; fix or remove the file, or rerun with --on-error "
+                                         f"quarantine (finished shards are kept and the rerun resumes)")
+            quarantined.append({"path": item.key, "reason": res})
+        else:
+            writer.add(res[0], item.label, res[1], res[2], item.key)
+        if _progress is not None and (n % 8 == 0 or n == len(items)):
+            with _progress.get_lock():
+                _progress.value += n - reported
+            reported = n
+    try:
+        return index, (writer.close() if writer.count else None), quarantined, None
+    except OSError as e:  # disk full, DEST removed or made read-only mid-build
+        writer.tmp.unlink(missing_ok=True)
+        return index, None, [], (f"{writer.path}: cannot write shard ({e.strerror or e}); free space or fix "
+                                 f"permissions in {dest}, then rerun the same command to resume")
