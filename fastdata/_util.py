@@ -76,5 +76,6 @@ def refuse_url(text: str | Path, what: str) -> None:
     """Object storage is not supported yet: a scheme:// path would become a local folder named 's3:'."""
     scheme, sep, _ = str(text).partition("://")
     if sep and scheme and scheme.replace("+", "").replace(".", "").replace("-", "").isalnum():
-        raise FastdataError(f"{what} {text}: {scheme}:// URLs are not supported yet; fastdata reads and writes "
-                            f"local folders (copy the data to a local or mounted path first)")
+        raise FastdataError(f"{what} {text}: {scheme}:// URLs are not supported here; fastdata reads and writes "
+                            f"local folders, and s3:// (any S3-compatible endpoint) for build-cache SRC/DEST, "
+                            f"verify, info and the loader")

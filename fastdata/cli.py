@@ -11,6 +11,7 @@ import os
 import sys
 
 from .errors import FastdataError
+from .stores.s3 import parse_options
 
 log = logging.getLogger("fastdata")
 
@@ -39,6 +40,12 @@ def _part(text: str) -> tuple[int, int]:
     return i, n
 
 
+def _storage_option(p) -> None:
+    p.add_argument("--storage-options", default=None, metavar="JSON",
+                   help="for s3:// paths: s3fs options as JSON, e.g. '{\"endpoint_url\": \"http://host:9000\"}' "
+                        "(credentials otherwise come from the AWS_* environment); secrets are never recorded")
+
+
 def _add_build(sub) -> None:
     p = sub.add_parser("build-cache", help="decode/resize SRC once into shards in DEST")
     p.add_argument("src", help="image folder (class sub-folders), file list (.csv/.txt: path,label), or any folder")
@@ -61,6 +68,7 @@ def _add_build(sub) -> None:
                    help="local (process pool), dask (a LocalCluster) or dask://HOST:PORT (a running "
                         "scheduler whose workers see SRC and DEST at the same paths)")
     p.add_argument("--stage", default=None, help="after building, copy to this tmpfs folder (e.g. /dev/shm/x)")
+    _storage_option(p)
     p.add_argument("--allow-empty-classes", action="store_true",
                    help="keep class folders without images as labels (refused by default, as ImageFolder does)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -72,7 +80,7 @@ def _cmd_build(a) -> int:
     cfg = BuildConfig(src=a.src, dest=a.dest, format=a.format, encode=a.encode, size=a.size, resize=a.resize,
                       quality=a.quality, shard_size=a.shard_size, workers=a.workers, on_error=a.on_error,
                       part=a.part, progress=not a.no_progress, allow_empty_classes=a.allow_empty_classes,
-                      executor=a.executor)
+                      executor=a.executor, storage_options=parse_options(a.storage_options) or None)
     result = build_cache(cfg)
     print(result.summary())
     for q in result.manifest.quarantined[:20]:
@@ -89,7 +97,7 @@ def _cmd_build(a) -> int:
 def _cmd_verify(a) -> int:
     from .cache.verify import verify_cache
 
-    report = verify_cache(a.cache)
+    report = verify_cache(a.cache, parse_options(a.storage_options) or None)
     print(report.text())
     return 0 if report.ok else 1
 
@@ -98,7 +106,7 @@ def _cmd_info(a) -> int:
     from ._util import human_bytes
     from .cache.format import load_manifest
 
-    m = load_manifest(a.cache)
+    m = load_manifest(a.cache, parse_options(a.storage_options) or None)
     total = sum(s.bytes for s in m.shards)
     print(f"{a.cache}: format v{m.format_version}, {m.kind} in {m.shard_format} shards")
     print(f"  samples {m.num_samples}, shards {len(m.shards)}, {human_bytes(total)}, "
@@ -137,9 +145,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     _add_build(sub)
     p = sub.add_parser("verify", help="check every shard checksum; name damaged shards and samples")
-    p.add_argument("cache", help="cache folder")
+    p.add_argument("cache", help="cache folder or s3:// prefix")
+    _storage_option(p)
     p = sub.add_parser("info", help="print the manifest summary")
-    p.add_argument("cache", help="cache folder")
+    p.add_argument("cache", help="cache folder or s3:// prefix")
+    _storage_option(p)
     p = sub.add_parser("stage", help="copy a cache to tmpfs: stage CACHE TARGET, or stage --remove TARGET")
     p.add_argument("paths", nargs="+", metavar="PATH", help="CACHE TARGET, or TARGET with --remove")
     p.add_argument("--remove", action="store_true", help="delete a staged copy (only one fastdata staged)")

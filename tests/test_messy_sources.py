@@ -180,8 +180,8 @@ def test_missing_or_damaged_shard_of_a_finished_cache_is_rebuilt(image_folder, t
 
 
 @pytest.mark.parametrize("argv", [
-    ["build-cache", "{src}", "s3://bucket/x"], ["build-cache", "gs://bucket/src", "{tmp}/c"],
-    ["verify", "s3://bucket/x"], ["info", "s3://bucket/x"], ["stage", "{tmp}/c", "s3://b/y"],
+    ["build-cache", "{src}", "gs://bucket/x"], ["build-cache", "http://host/src", "{tmp}/c"],
+    ["verify", "gs://bucket/x"], ["info", "az://bucket/x"], ["stage", "{tmp}/c", "s3://b/y"],
     ["merge", "s3://b/out", "{tmp}/c"],
 ])
 def test_urls_are_refused_not_made_into_local_folders(image_folder, tmp_path, argv, capsys, monkeypatch):
@@ -189,12 +189,12 @@ def test_urls_are_refused_not_made_into_local_folders(image_folder, tmp_path, ar
     build(image_folder, tmp_path / "c", workers=0)
     argv = [a.format(src=image_folder, tmp=tmp_path) for a in argv]
     assert main(argv) == 2
-    assert ":// URLs are not supported yet" in capsys.readouterr().err
+    assert ":// URLs are not supported here" in capsys.readouterr().err
     assert not any(p.name.endswith(":") for p in tmp_path.iterdir())
     import fastdata
 
     with pytest.raises(FastdataError, match="not supported"):
-        fastdata.loader("s3://bucket/x", 4, device="cpu")
+        fastdata.loader("gs://bucket/x", 4, device="cpu")
 
 
 def test_dangling_symlink_is_quarantined_naming_its_target(image_folder, tmp_path):

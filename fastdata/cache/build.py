@@ -27,6 +27,8 @@ from .executors import shard_map
 from .format import MANIFEST, SHARD_FORMATS, Manifest, load_manifest
 from .journal import (BuildLock, Journal, clean_strays, fingerprint, inputs_digest, journal_from_manifest,
                       load_journal)
+from ..stores.s3 import is_url, redact
+from . import remote_dest
 from .sources import Item, discover, is_cache_dir, partition, refuse_url
 
 log = logging.getLogger("fastdata.build")
@@ -50,6 +52,7 @@ class BuildConfig:
     part: tuple[int, int] | None = None
     progress: bool = True
     executor: str = "local"        # local (process pool) | dask (LocalCluster) | dask://HOST:PORT (executors.py)
+    storage_options: dict | None = None   # s3:// SRC/DEST: s3fs options (never recorded unredacted)
     allow_empty_classes: bool = False   # keep class folders without images as labels (ImageFolder allow_empty)
 
     def validate(self) -> None:
@@ -77,7 +80,7 @@ class BuildConfig:
     def identity(self) -> dict:
         """The settings that determine the bytes of the cache (not workers/progress/paths)."""
         d = asdict(self)
-        for k in ("dest", "workers", "progress", "src", "executor"):
+        for k in ("dest", "workers", "progress", "src", "executor", "storage_options"):
             d.pop(k)
         if not d["allow_empty_classes"]:   # absent when off: fingerprints of earlier caches stay valid
             d.pop("allow_empty_classes")
@@ -125,7 +128,9 @@ def _run(cfg: BuildConfig, dest: Path, items: tuple[Item, ...], journal: Journal
     """Build every shard the journal lacks; returns the number of samples written."""
     per = items_per_shard(cfg, len(items))
     todo = [k for k in range(math.ceil(len(items) / per)) if k not in journal.shards]
-    tasks = [(k, items[k * per:(k + 1) * per], cfg.codec(), cfg.format, str(dest), cfg.on_error) for k in todo]
+    store = (cfg.dest if is_url(cfg.dest) else None, cfg.storage_options)
+    tasks = [(k, items[k * per:(k + 1) * per], cfg.codec(), cfg.format, str(dest), cfg.on_error, store)
+             for k in todo]
     workers = min(len(tasks), usable_cpus() if cfg.workers is None else cfg.workers)
     counter = mp.get_context("fork").Value("q", 0)
     done_before = len(items) - sum(len(t[1]) for t in tasks)
@@ -167,15 +172,27 @@ def _prepare_dest(cfg: BuildConfig) -> Path:
     return dest
 
 
-def _check_finished(cfg, dest: Path, items, fp: str):
+def _shard_check(cfg: BuildConfig):
+    """How a recorded shard is checked: the local file's sha256, or the object's presence and size."""
+    if not is_url(cfg.dest):
+        return None
+    return lambda info: remote_dest.shard_problem(cfg.dest, cfg.storage_options, info)
+
+
+def _finished(cfg: BuildConfig, dest: Path) -> Manifest | None:
+    if is_url(cfg.dest):
+        return remote_dest.finished(cfg.dest, cfg.storage_options)
+    return load_manifest(dest) if (dest / MANIFEST).exists() else None
+
+
+def _check_finished(cfg, done: Manifest, dest: Path, items, fp: str):
     """A finished cache in DEST: confirm it, or the journal that repairs its missing/damaged shards."""
-    done = load_manifest(dest)
     if done.build.get("fingerprint") != fp:
-        raise BuildError(f"{dest} already holds a cache built with other settings or inputs; "
+        raise BuildError(f"{cfg.dest} already holds a cache built with other settings or inputs; "
                          f"choose another DEST or delete this one")
     per = items_per_shard(cfg, len(items))
     shard_of = {it.key: k // per for k, it in enumerate(items)}
-    journal, problems = journal_from_manifest(dest, done, fp, shard_of)
+    journal, problems = journal_from_manifest(dest, done, fp, shard_of, _shard_check(cfg))
     if not problems:
         return done, None, {}
     for name, why in sorted(problems.items()):
@@ -186,22 +203,22 @@ def _check_finished(cfg, dest: Path, items, fp: str):
 def build_cache(cfg: BuildConfig) -> BuildResult:
     """Build (or resume, or confirm, or repair) the cache described by cfg."""
     cfg.validate()
-    source = discover(cfg.src, images_only=cfg.encode != "bytes", exclude=(cfg.dest,),
-                      allow_empty_classes=cfg.allow_empty_classes)   # a bad SRC creates no DEST
-    items = partition(source.items, cfg.part)
-    dest = _prepare_dest(cfg)
+    source = discover(cfg.src, images_only=cfg.encode != "bytes", exclude=() if is_url(cfg.dest) else (cfg.dest,),
+                      allow_empty_classes=cfg.allow_empty_classes, storage_options=cfg.storage_options)
+    items = partition(source.items, cfg.part)   # (a bad SRC creates no DEST)
+    dest = remote_dest.prepare(cfg.dest, cfg.storage_options) if is_url(cfg.dest) else _prepare_dest(cfg)
     with BuildLock(dest):   # taken before anything is written in DEST: concurrent builds cannot race
         identity = {**cfg.identity(), "inputs": len(source.items),
                     "inputs_sha256": inputs_digest(it.key for it in source.items)}
         fp = fingerprint(identity, [it.key for it in items])
-        repaired = {}
-        if (dest / MANIFEST).exists():
-            done, journal, repaired = _check_finished(cfg, dest, items, fp)
+        repaired, done = {}, _finished(cfg, dest)
+        if done is not None:
+            done, journal, repaired = _check_finished(cfg, done, dest, items, fp)
             if journal is None:
                 return BuildResult(done, 0, 0.0, len(done.shards), already_built=True,
                                    skipped=source.skipped_summary())
         else:
-            journal = load_journal(dest, fp)
+            journal = load_journal(dest, fp, _shard_check(cfg))
         clean_strays(dest, {s.name for s in journal.shards.values() if s is not None})
         resumed = len(journal.shards)
         t0 = time.perf_counter()
@@ -210,7 +227,10 @@ def build_cache(cfg: BuildConfig) -> BuildResult:
         manifest = _manifest(cfg, journal, source.label_map, identity, fp)
         if manifest.num_samples == 0:
             _no_samples(dest, manifest)
-        write_json_atomic(dest / MANIFEST, manifest.to_json())
+        if is_url(cfg.dest):
+            remote_dest.publish_manifest(cfg.dest, cfg.storage_options, manifest)
+        else:
+            write_json_atomic(dest / MANIFEST, manifest.to_json())
         journal.remove(dest)
     result = BuildResult(manifest, written, seconds, resumed, skipped=source.skipped_summary(),
                          repaired=tuple(sorted(repaired.items())))
@@ -236,4 +256,5 @@ def _manifest(cfg: BuildConfig, journal: Journal, label_map, identity: dict, fp:
     quarantined = tuple(q for k in order for q in journal.quarantined.get(k, ()))
     return Manifest(kind=cfg.encode, shard_format=cfg.format, num_samples=sum(s.count for s in shards),
                     sample_shape=shape, label_map=label_map, shards=shards, quarantined=quarantined,
-                    build={**identity, "fingerprint": fp})
+                    build={**identity, "fingerprint": fp,
+                           **({"storage_options": redact(cfg.storage_options)} if cfg.storage_options else {})})

@@ -121,14 +121,20 @@ def process_file(path: str, cfg: CodecConfig, span: tuple[int, int] | None = Non
     try:
         with open(path, "rb") as f:
             data = f.read() if span is None else os.pread(f.fileno(), span[1], span[0])
-        payload, shape = encode(data, cfg)
-        return payload, shape, zlib.crc32(payload)
-    except SampleError as e:
-        return str(e)
+        return process_bytes(data, cfg)
     except OSError as e:
         if os.path.islink(path) and not os.path.exists(path):
             return f"dangling symlink: its target {os.readlink(path)} does not exist"
         return f"cannot read: {e.strerror or e}"
+
+
+def process_bytes(data: bytes, cfg: CodecConfig) -> tuple[bytes, tuple[int, int, int], int] | str:
+    """One input's bytes -> (payload, shape, crc32), or the reason it is quarantined."""
+    try:
+        payload, shape = encode(data, cfg)
+        return payload, shape, zlib.crc32(payload)
+    except SampleError as e:
+        return str(e)
 
 
 def decode_jpeg_rgb(payload: bytes | memoryview | np.ndarray) -> np.ndarray:

@@ -141,8 +141,13 @@ def _check_consistent(m: Manifest, where: Path) -> None:
         raise CacheFormatError(f"{where}: manifest is inconsistent ({'; '.join(bad)}); rebuild the cache")
 
 
-def load_manifest(cache_dir: str | Path) -> Manifest:
-    """Read and check DEST/manifest.json; errors name the file and the fix."""
+def load_manifest(cache_dir: str | Path, storage_options: dict | None = None) -> Manifest:
+    """Read and check DEST/manifest.json (or s3://.../manifest.json); errors name the file and the fix."""
+    if str(cache_dir).startswith("s3://"):
+        from ..stores.fetch import fetch_manifest
+
+        return Manifest.from_json(fetch_manifest(str(cache_dir), storage_options),
+                                  f"{str(cache_dir).rstrip('/')}/{MANIFEST}")
     refuse_url(cache_dir, "cache")
     cache_dir = Path(cache_dir)
     path = cache_dir / MANIFEST

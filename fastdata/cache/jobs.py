@@ -11,7 +11,7 @@ import multiprocessing as mp
 import signal
 from pathlib import Path
 
-from .codecs import process_file
+from .codecs import process_bytes, process_file
 from .format import shard_name
 from .writers import WRITERS
 
@@ -51,14 +51,47 @@ def _tune_malloc() -> None:
         pass
 
 
+def _input(item, codec, options: dict | None):
+    """(payload, shape, crc) or a quarantine reason; storage errors other than a missing object raise."""
+    if item.problem:
+        return item.problem
+    if not item.path.startswith("s3://"):
+        return process_file(item.path, codec, item.span)
+    from ..stores.s3 import filesystem, strip
+
+    try:
+        data = filesystem(options).cat_file(strip(item.path))
+    except FileNotFoundError:
+        return "object not found (deleted since the listing?)"
+    return process_bytes(data, codec)
+
+
+def _publish(info, local: Path, dest_url: str | None, options: dict | None):
+    """Object storage DEST: upload the finished shard (one PUT, atomic for readers), drop the local copy."""
+    if dest_url is None or info is None:
+        return info
+    from ..stores.s3 import filesystem, join, strip
+
+    filesystem(options).put_file(str(local), strip(join(dest_url, info.name)))
+    local.unlink()
+    return info
+
+
 def build_shard(task) -> tuple[int, object, list[dict], str | None]:
-    """Worker: decode one shard's items and write it. Returns (index, ShardInfo|None, quarantined, error)."""
+    """Worker: decode one shard's items and write it. Returns (index, ShardInfo|None, quarantined, error).
+    task: (index, items, codec, format, local dest, on_error[, (dest URL or None, storage options)])."""
     _tune_malloc()
-    index, items, codec, fmt, dest, on_error = task
+    index, items, codec, fmt, dest, on_error, *store = task
+    dest_url, options = store[0] if store else (None, None)
     writer = WRITERS[fmt](Path(dest) / shard_name(index, fmt))
     quarantined, reported = [], 0
     for n, item in enumerate(items, 1):
-        res = item.problem or process_file(item.path, codec, item.span)
+        try:
+            res = _input(item, codec, options)
+        except Exception as e:  # noqa: BLE001 - storage trouble stops the build with a clear message
+            from ..stores.s3 import storage_error
+
+            return index, None, [], str(storage_error(e, item.path, "reading an input"))
         if isinstance(res, str):
             if on_error == "raise":
                 return index, None, [], (f"{item.path}: {res}; fix or remove the file, or rerun with --on-error "
@@ -70,9 +103,19 @@ def build_shard(task) -> tuple[int, object, list[dict], str | None]:
             with _progress.get_lock():
                 _progress.value += n - reported
             reported = n
+    return _finish(index, writer, quarantined, dest, dest_url, options)
+
+
+def _finish(index, writer, quarantined, dest, dest_url, options):
     try:
-        return index, (writer.close() if writer.count else None), quarantined, None
+        info = writer.close() if writer.count else None
     except OSError as e:  # disk full, DEST removed or made read-only mid-build
         writer.tmp.unlink(missing_ok=True)
         return index, None, [], (f"{writer.path}: cannot write shard ({e.strerror or e}); free space or fix "
                                  f"permissions in {dest}, then rerun the same command to resume")
+    try:
+        return index, _publish(info, writer.path, dest_url, options), quarantined, None
+    except Exception as e:  # noqa: BLE001
+        from ..stores.s3 import join, storage_error
+
+        return index, None, [], str(storage_error(e, join(dest_url, info.name), "uploading a shard"))

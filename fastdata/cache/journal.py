@@ -96,8 +96,9 @@ class Journal:
         (dest / JOURNAL).unlink(missing_ok=True)
 
 
-def load_journal(dest: Path, fp: str) -> Journal:
-    """The valid resume state in DEST, or a fresh journal."""
+def load_journal(dest: Path, fp: str, problem=None) -> Journal:
+    """The valid resume state in DEST, or a fresh journal. problem(info) -> why a recorded shard is not
+    there intact (default: the local file's size and sha256; object storage checks the object)."""
     path = dest / JOURNAL
     if not path.exists():
         return Journal(fp)
@@ -109,10 +110,10 @@ def load_journal(dest: Path, fp: str) -> Journal:
         raise BuildError(f"{dest}: holds an unfinished build with other settings or inputs; "
                          f"rerun it with the same options, or delete {dest} to start over")
     shards = {int(k): (ShardInfo(**v) if v else None) for k, v in d["shards"].items()}
+    problem = problem or (lambda info: shard_problem(dest, info))
     for s in shards.values():
-        p = dest / s.name if s else None
-        if p is not None and (not p.exists() or p.stat().st_size != s.bytes or file_sha256(p) != s.sha256):
-            raise BuildError(f"{p}: recorded as finished but missing or changed since; "
+        if s is not None and problem(s) is not None:
+            raise BuildError(f"{dest / s.name}: recorded as finished but missing or changed since; "
                              f"delete {dest} and build again")
     return Journal(fp, shards, {int(k): v for k, v in d["quarantined"].items()})
 
@@ -141,12 +142,14 @@ def shard_problem(dest: Path, info: ShardInfo) -> str | None:
     return None
 
 
-def journal_from_manifest(dest: Path, manifest, fp: str, shard_of: dict[str, int]) -> tuple[Journal, dict]:
+def journal_from_manifest(dest: Path, manifest, fp: str, shard_of: dict[str, int], problem=None
+                          ) -> tuple[Journal, dict]:
     """Resume state for repairing a finished cache: every intact shard is kept; missing or damaged
     ones are left out of the journal, so the build redoes exactly those. shard_of maps an input key
     to its shard index (quarantined inputs are put back under their shard). Returns (journal,
     {shard name: problem}). Shard indices absent from the manifest held only quarantined inputs."""
-    problems = {s.name: why for s in manifest.shards if (why := shard_problem(dest, s)) is not None}
+    problem = problem or (lambda info: shard_problem(dest, info))
+    problems = {s.name: why for s in manifest.shards if (why := problem(s)) is not None}
     index = {s.name: int(s.name.split("-")[1].split(".")[0]) for s in manifest.shards}
     bad = {index[n] for n in problems}
     journal = Journal(fp)

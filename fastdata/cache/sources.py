@@ -143,10 +143,42 @@ def _from_list(src: Path) -> Source:
     return Source(tuple(items), label_map, "list")
 
 
+def _from_s3(url: str, images_only: bool, options: dict | None, allow_empty: bool) -> Source:
+    """An ImageFolder (or flat folder) under an s3:// prefix: the first path part is the class."""
+    from ..stores.s3 import filesystem, storage_error, strip
+
+    root = strip(url)
+    try:
+        keys = sorted(k[len(root) + 1:] for k in filesystem(options).find(root) if k.startswith(root + "/"))
+    except Exception as e:  # noqa: BLE001 - storage errors name the URL and the fix
+        raise storage_error(e, url, "listing SRC") from None
+    scan = _Scan(images_only, frozenset())
+    files = []
+    for key in keys:
+        if any(part.startswith(".") for part in key.split("/")):
+            scan.skip(key, "hidden")
+        elif scan.wanted(key):
+            files.append(key)
+        else:
+            scan.skip(key, "not an image file" if images_only else "not a file")
+    classes = sorted({k.split("/")[0] for k in files if "/" in k})
+    if not classes:
+        return Source(tuple(Item(f"{url.rstrip('/')}/{k}", k, 0) for k in files), {".": 0}, "flat", tuple(scan.skipped))
+    label_map = {c: i for i, c in enumerate(classes)}
+    items = [Item(f"{url.rstrip('/')}/{k}", k, label_map[k.split("/")[0]]) for k in files if "/" in k]
+    scan.skipped += [(k, "file outside the class folders") for k in files if "/" not in k]
+    return Source(tuple(items), label_map, "folder", tuple(scan.skipped))
+
+
 def discover(src: str | Path, images_only: bool = True, *, exclude: tuple[str | Path, ...] = (),
-             allow_empty_classes: bool = False) -> Source:
+             allow_empty_classes: bool = False, storage_options: dict | None = None) -> Source:
     """Return the sorted items of SRC. images_only=False keeps every file (kind=bytes).
     exclude: folders never taken as input (the cache being built, when it lies inside SRC)."""
+    if str(src).startswith("s3://"):
+        source = _from_s3(str(src), images_only, storage_options, allow_empty_classes)
+        if not source.items:
+            raise SourceError(f"SRC {src}: no input files found under this prefix; check the bucket and prefix")
+        return source
     refuse_url(src, "SRC")
     src = Path(src)
     if not src.exists() and not src.is_symlink():

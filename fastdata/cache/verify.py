@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._util import file_sha256
-from ..errors import CacheFormatError
+from ..errors import CacheFormatError, FastdataError
 from .format import load_manifest
 
 
@@ -47,8 +47,28 @@ def _damaged_samples(path: Path, start: int) -> tuple[str, list[tuple[int, str]]
     return why, bad
 
 
-def verify_cache(path: str | Path) -> VerifyReport:
-    m = load_manifest(path)
+def _verify_remote(url: str, m, storage_options: dict | None) -> VerifyReport:
+    """Fetch every shard through a bounded folder: each fetch checks size and sha256 (stores/fetch.py)."""
+    from ..stores.fetch import RemoteConfig, RemoteShards
+
+    report = VerifyReport(url, len(m.shards))
+    shards = RemoteShards(url, m.shards, RemoteConfig(storage_options=storage_options))
+    try:
+        for i, info in enumerate(m.shards):
+            try:
+                shards.get(i)
+                shards.release(i)
+            except FastdataError as e:
+                report.damaged[info.name] = str(e)
+    finally:
+        shards.close()
+    return report
+
+
+def verify_cache(path: str | Path, storage_options: dict | None = None) -> VerifyReport:
+    m = load_manifest(path, storage_options)
+    if str(path).startswith("s3://"):
+        return _verify_remote(str(path), m, storage_options)
     path = Path(path)
     report = VerifyReport(path, len(m.shards))
     start = 0

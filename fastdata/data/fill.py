@@ -34,17 +34,17 @@ from .reader import Cache
 CHECK_EVERY_S = 0.25   # a shard found unchanged is stat()ed again after this long, not every batch
 
 
-def _shard_ids(cache: Cache, idx: np.ndarray) -> np.ndarray:
+def shard_ids(cache: Cache, idx: np.ndarray) -> np.ndarray:
     """The shard holding each global index."""
     return np.searchsorted(cache.starts, idx, side="right") - 1
 
 
 def _groups(cache: Cache, idx: np.ndarray):
     """(shard, local indices, batch positions) for each shard the sorted batch touches."""
-    shard_ids = _shard_ids(cache, idx)
-    bounds = np.flatnonzero(np.diff(shard_ids)) + 1
+    ids = shard_ids(cache, idx)
+    bounds = np.flatnonzero(np.diff(ids)) + 1
     for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(idx)]])):
-        s = int(shard_ids[lo])
+        s = int(ids[lo])
         yield s, idx[lo:hi] - cache.starts[s], lo, hi
 
 
@@ -79,7 +79,7 @@ def fill_batch(cache: Cache, idx: np.ndarray, slot: dict, read: str = "mmap") ->
 def _fill(cache: Cache, idx: np.ndarray, images: torch.Tensor, labels: torch.Tensor, read: str) -> None:
     table = cache.gather_table() if read == "mmap" else None
     if table is not None:   # the whole batch in one call: one GIL release (gather.py says why)
-        cache.check_unchanged(np.unique(_shard_ids(cache, idx)), max_age=CHECK_EVERY_S)
+        cache.check_unchanged(np.unique(shard_ids(cache, idx)), max_age=CHECK_EVERY_S)
         labels[:len(idx)] = torch.from_numpy(table.labels[idx])
         gather(table, idx, images.numpy())
         return

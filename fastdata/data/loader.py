@@ -27,7 +27,7 @@ from .augment import AugmentConfig, augment_batch, batch_seed
 from .batch import Batch, Coverage, Resumable
 from .order import OrderConfig, SampleOrder, resolve_rank_world
 from .reader import Cache, open_cache
-from .fill import fill_batch
+from .fill import shard_ids, fill_batch
 from .integrity import check_mode
 
 
@@ -153,6 +153,8 @@ class FastLoader(Resumable):
         epoch and a state_dict(), and are dropped after load_state_dict() to another position."""
         batches = self._epoch_batches()
         epoch, pos = self.order.epoch, self.order.position
+        if self.cache.url is not None and batches:   # object storage: fetch shards in the order they are read
+            self.cache.read_ahead(shard_ids(self.cache, np.concatenate(batches)))
         token = self._token = object()
         self._drop_stale((epoch, pos))
         plan = self._plan(epoch, pos)
@@ -193,13 +195,15 @@ class FastLoader(Resumable):
 
 
 def loader(cache, batch_size: int, *, device: str = "auto", shuffle: bool = True, seed: int = 0,
-           drop_last: bool = False, augment: bool | AugmentConfig | None = None, **options) -> FastLoader:
+           drop_last: bool = False, augment: bool | AugmentConfig | None = None, remote=None,
+           **options) -> FastLoader:
     """Stream batches from a cache folder (or open Cache) to `device`.
 
     augment: None/False -> uint8 NHWC batches; True -> train-time RandomResizedCrop(224) + flip +
     normalise to float32 NCHW channels_last; or an AugmentConfig. options: see LoaderConfig.
     """
-    cache = cache if isinstance(cache, Cache) else open_cache(cache, check_mode(options.get("integrity", "shard")))
+    if not isinstance(cache, Cache):   # remote: stores.fetch.RemoteConfig for an s3:// cache
+        cache = open_cache(cache, check_mode(options.get("integrity", "shard")), remote)
     if augment is True:
         augment = AugmentConfig()
     elif augment is False:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .._util import refuse_url
+from ..stores.s3 import is_url
 from ..cache.format import Manifest, ShardInfo, load_manifest
 from ..errors import CacheFormatError
 from .integrity import ShardHasher, check_mode
@@ -150,10 +151,19 @@ def _check_dtypes(shard: Shard, path: Path, fix: str) -> None:
 class Cache:
     """A finished cache: manifest plus lazily mapped shards. Index with a global sample number."""
 
-    def __init__(self, path: str | Path, integrity: str = "shard") -> None:
-        refuse_url(path, "cache")
-        self.path = Path(path)
-        self.manifest: Manifest = load_manifest(self.path)
+    def __init__(self, path: str | Path, integrity: str = "shard", remote=None) -> None:
+        self._remote_cfg, self._remote, self.url = None, None, None
+        if is_url(path):   # object storage: shards are fetched into a bounded local folder (stores/fetch.py)
+            from ..stores.fetch import RemoteConfig
+
+            self.url, self._remote_cfg = str(path).rstrip("/"), remote or RemoteConfig()
+            self.manifest: Manifest = load_manifest(self.url, self._remote_cfg.storage_options)
+            self._remote = self._connect()
+            self.path = self._remote.folder
+        else:
+            refuse_url(path, "cache")
+            self.path = Path(path)
+            self.manifest = load_manifest(self.path)
         counts = [s.count for s in self.manifest.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.integrity = check_mode(integrity)   # integrity.py: shard (default) | sample | off
@@ -166,11 +176,28 @@ class Cache:
         return self.manifest.num_samples
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_shards": {}, "_table": None, "_lock": None, "_checked": {}, "_hasher": None}
+        return {**self.__dict__, "_shards": {}, "_table": None, "_lock": None, "_checked": {}, "_hasher": None,
+                "_remote": None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _lock=threading.Lock())
         self._hasher = ShardHasher() if self.integrity == "shard" else None
+        self._remote = self._connect() if self.url else None
+
+    def _connect(self):
+        from ..stores.fetch import shared
+
+        return shared(self.url, self.manifest.shards, self._remote_cfg, on_evict=self._evicted)
+
+    def _evicted(self, i: int) -> None:
+        """The shard folder deleted shard i's file: forget its mapping (readers holding it keep theirs)."""
+        self._shards.pop(i, None)
+        self._checked.pop(i, None)
+
+    def read_ahead(self, shard_ids) -> None:
+        """Shards in the order they will first be read: fetched ahead from object storage."""
+        if self._remote is not None:
+            self._remote.read_ahead(shard_ids)
 
     def check_integrity(self) -> None:
         """Raise a CacheFormatError for damage found so far (integrity="shard"; never waits)."""
@@ -201,8 +228,12 @@ class Cache:
             self._shards, self._table, self._checked, self._pid = {}, None, {}, os.getpid()
         if i not in self._shards:
             info = self.manifest.shards[i]
-            path = self.path / info.name
-            self._shards[i] = open_shard(path, info, self.path)
+            path = self._remote.get(i) if self._remote is not None else self.path / info.name
+            try:
+                self._shards[i] = open_shard(path, info, self.path)
+            finally:
+                if self._remote is not None:
+                    self._remote.release(i)   # mapped now: the folder may evict the file
             if self._hasher is not None:
                 self._hasher.submit(i, path, info.sha256, lambda: open_shard(path, info, self.path))
         return self._shards[i]
@@ -226,8 +257,8 @@ class Cache:
     def gather_table(self):
         """The one-call batch gather table of a fixed-shape raw cache (fastdata/data/gather.py), built
         once per process on first use by mapping every shard; None where it does not apply."""
-        if self.manifest.kind != "raw" or self.sample_shape is None:
-            return None
+        if self.manifest.kind != "raw" or self.sample_shape is None or self._remote is not None:
+            return None   # (a remote cache is never mapped whole: its folder holds a bounded part)
         if self._table is None or self._pid != os.getpid():
             from .gather import build_table
 
@@ -262,6 +293,7 @@ class Cache:
             self._checked[int(i)] = now_t
 
 
-def open_cache(path: str | Path, integrity: str = "shard") -> Cache:
-    """Open a cache folder written by `fastdata build-cache` (integrity: see integrity.py)."""
-    return Cache(path, integrity)
+def open_cache(path: str | Path, integrity: str = "shard", remote=None) -> Cache:
+    """Open a cache folder written by `fastdata build-cache`, or an s3:// cache (remote: a
+    stores.fetch.RemoteConfig; credentials from the environment when None). integrity: integrity.py."""
+    return Cache(path, integrity, remote)
