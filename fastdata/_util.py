@@ -79,3 +79,43 @@ def refuse_url(text: str | Path, what: str) -> None:
         raise FastdataError(f"{what} {text}: {scheme}:// URLs are not supported here; fastdata reads and writes "
                             f"local folders, and s3:// (any S3-compatible endpoint) for build-cache SRC/DEST, "
                             f"verify, info and the loader")
+
+
+def _cgroup_room() -> int | None:
+    """Bytes this process's memory cgroup can still take (v1 or v2), or None without a limit."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if controllers == "":   # v2
+            base = Path("/sys/fs/cgroup") / rel.lstrip("/")
+            files = (base / "memory.max", base / "memory.current")
+        elif "memory" in controllers.split(","):
+            base = Path("/sys/fs/cgroup/memory") / rel.lstrip("/")
+            files = (base / "memory.limit_in_bytes", base / "memory.usage_in_bytes")
+        else:
+            continue
+        try:
+            limit, usage = files[0].read_text().strip(), int(files[1].read_text())
+        except (OSError, ValueError):
+            continue
+        if limit != "max" and int(limit) < 1 << 60:
+            return max(0, int(limit) - usage)
+    return None
+
+
+def memory_budget() -> int:
+    """Bytes this process can still fill with data: the smaller of MemAvailable and its cgroup's room
+    (page cache is charged to the cgroup, so a mapped cache counts)."""
+    avail = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    room = _cgroup_room()
+    known = [x for x in (avail, room) if x is not None]
+    return min(known) if known else 1 << 62

@@ -158,8 +158,8 @@ def _prepare_dest(cfg: BuildConfig) -> Path:
     if dest.exists() and not dest.is_dir():
         raise BuildError(f"DEST {dest} is a file; give a folder for the cache")
     if dest.is_dir() and not is_cache_dir(dest):
-        try:
-            foreign = next((p.name for p in dest.iterdir()), None)
+        try:   # (.build may appear meanwhile: a build started at the same instant is taking the lock)
+            foreign = next((p.name for p in dest.iterdir() if p.name != ".build"), None)
         except OSError as e:
             raise BuildError(f"DEST {dest} cannot be listed ({e.strerror}); choose a folder you can write to") from e
         if foreign is not None:

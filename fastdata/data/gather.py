@@ -53,6 +53,9 @@ class SampleTable:
     first_row: np.ndarray       # int64 [num_samples]: row of each sample's first byte
     rows_per_sample: int
     labels: np.ndarray          # int64 [num_samples]
+    base: int = 0               # address of the reserved range (stream.py unmaps a finished shard's pages)
+    starts: tuple = ()          # each shard file's start in the range
+    sizes: tuple = ()           # each shard file's size
 
 
 class _Range:
@@ -118,7 +121,8 @@ def build_table(shards: list, sample_bytes: int) -> SampleTable | None:
         return None
     view = np.asarray(_Range(base, total // granule, granule))
     labels = np.concatenate([s.labels for s in shards]).astype(np.int64)
-    table = SampleTable(view, addr // granule, sample_bytes // granule, labels)
+    table = SampleTable(view, addr // granule, sample_bytes // granule, labels, base, tuple(starts),
+                        tuple(int(s.stat[0]) for s in shards))
     weakref.finalize(table, _libc().munmap, base, total)   # unmapped when the table is dropped
     return table
 

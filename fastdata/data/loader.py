@@ -15,6 +15,8 @@ pinning or streams, which is what CI tests.
 """
 from __future__ import annotations
 
+import logging
+import mmap
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -22,13 +24,17 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from .._util import human_bytes, memory_budget, parse_size
 from ..errors import CacheFormatError, LoaderError
 from .augment import AugmentConfig, augment_batch, batch_seed
 from .batch import Batch, Coverage, Resumable
 from .order import OrderConfig, SampleOrder, resolve_rank_world
 from .reader import Cache, open_cache
+
+log = logging.getLogger("fastdata.loader")
 from .fill import shard_ids, fill_batch
 from .integrity import check_mode
+from .stream import Streamer, stream_window
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,9 @@ class LoaderConfig:
     rank: int | None = None          # None: from torch.distributed when initialised
     world_size: int | None = None
     integrity: str = "shard"         # shard | sample | off: checks on read (data/integrity.py)
+    memory: str | int | None = "auto"   # streaming reads of caches bigger than memory (stream.py): "auto"
+    #                                     turns them on when the cache exceeds half the memory budget; a
+    #                                     size ("8GB") forces them with that budget; None: never
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -55,6 +64,15 @@ def _resolve_device(name: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise LoaderError(f"device={name!r} but CUDA is not available here; pass device='cpu'")
     return dev
+
+
+def _host_images(shape) -> torch.Tensor:
+    """A fresh CPU batch in its own anonymous mapping, returned to the kernel when the batch is freed.
+    From malloc, tens-of-MB batches freed by the user's loop and allocated in reader threads piled up
+    in glibc's per-thread arenas (685 MB of anonymous memory for a loader told to use 700 MB, which the
+    cgroup then killed; benchmarks/out_of_ram.py)."""
+    buf = mmap.mmap(-1, max(1, int(np.prod(shape))))
+    return torch.frombuffer(buf, dtype=torch.uint8).view(shape)
 
 
 class FastLoader(Resumable):
@@ -69,7 +87,8 @@ class FastLoader(Resumable):
         self.cache, self.cfg = cache, cfg
         self.device = _resolve_device(cfg.device)
         rank, world = resolve_rank_world(cfg.rank, cfg.world_size)
-        ocfg = OrderConfig(cfg.shuffle, cfg.seed, cfg.window, rank, world)
+        self._streamer, window = self._streaming(cache, cfg)
+        ocfg = OrderConfig(cfg.shuffle, cfg.seed, window, rank, world)
         self.order = SampleOrder([s.count for s in m.shards], cfg.batch_size, ocfg, cfg.drop_last)
         self.coverage_audit = Coverage(len(cache))
         self.source = f"cache-{m.kind}"
@@ -77,11 +96,32 @@ class FastLoader(Resumable):
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._pool, self._ring, self._submitted, self._token = None, None, 0, None
         self._inflight: deque = deque()   # reads (and copies) made ahead, oldest first
+        self._pass = (0, 0)               # (epoch, position) where the current pass started
+
+    @staticmethod
+    def _streaming(cache: Cache, cfg: LoaderConfig):
+        """(Streamer or None, shuffle window): stream.py says when and why."""
+        if cfg.memory is None or cache.url is not None:   # (object storage has its own bounded folder)
+            return None, cfg.window
+        budget = memory_budget() if cfg.memory == "auto" else parse_size(cfg.memory)
+        total = sum(s.bytes for s in cache.manifest.shards)
+        if cfg.memory == "auto" and total <= budget // 2:
+            return None, cfg.window
+        sample_bytes = int(np.prod(cache.sample_shape))
+        budget -= (cfg.prefetch + 2) * cfg.batch_size * sample_bytes   # the batch slots live there too
+        if budget < 4 * max(s.bytes for s in cache.manifest.shards):
+            raise LoaderError(f"{cache.path}: a memory budget of {human_bytes(budget)} (after the batch slots) "
+                              f"cannot hold 4 shards; lower batch_size/prefetch, raise memory=, or rebuild "
+                              f"with a smaller --shard-size")
+        window = min(cfg.window, stream_window(budget, sample_bytes, cfg.batch_size))
+        log.info("%s: %s cache, memory budget %s: streaming shards, shuffle window %d samples",
+                 cache.path, human_bytes(total), human_bytes(budget), window)
+        return Streamer(cache, budget, lag=cfg.prefetch + 2), window
 
     def _slots(self, n: int) -> list[dict]:
         shape = (self.cfg.batch_size, *self.cache.sample_shape)
         pin = self.device.type == "cuda"
-        return [{"images": torch.empty(shape, dtype=torch.uint8, pin_memory=pin),
+        return [{"images": torch.empty(shape, dtype=torch.uint8, pin_memory=True) if pin else _host_images(shape),
                  "labels": torch.empty(self.cfg.batch_size, dtype=torch.int64, pin_memory=pin),
                  "copied": None} for _ in range(n)]
 
@@ -139,6 +179,8 @@ class FastLoader(Resumable):
             self._ring = None if cpu else self._slots(self.cfg.prefetch + 2)
         slot = self._slots(1)[0] if cpu else self._ring[self._submitted % len(self._ring)]
         self._submitted += 1
+        if self._streamer is not None and key[0] == self._pass[0]:   # (reads into the next epoch: on demand)
+            self._streamer.submitted((key[1] - self._pass[1]) // self.cfg.batch_size)
         fut = self._pool.submit(fill_batch, self.cache, idx, slot, self.cfg.read)
         self._inflight.append({"key": key, "idx": idx, "slot": slot, "fut": fut, "out": None})
 
@@ -155,6 +197,9 @@ class FastLoader(Resumable):
         epoch, pos = self.order.epoch, self.order.position
         if self.cache.url is not None and batches:   # object storage: fetch shards in the order they are read
             self.cache.read_ahead(shard_ids(self.cache, np.concatenate(batches)))
+        if self._streamer is not None:
+            self._streamer.plan([shard_ids(self.cache, b) for b in batches])
+        self._pass = (epoch, pos)
         token = self._token = object()
         self._drop_stale((epoch, pos))
         plan = self._plan(epoch, pos)

@@ -95,10 +95,12 @@ class SampleOrder:
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "seed": self.cfg.seed,
-                "world_size": self.cfg.world_size, "rank": self.cfg.rank}
+                "world_size": self.cfg.world_size, "rank": self.cfg.rank, "window": self.cfg.window}
 
     def load_state_dict(self, state: dict) -> None:
-        for k in ("seed", "world_size", "rank"):
+        for k in ("seed", "world_size", "rank", "window"):
+            if k == "window" and k not in state:   # saved before the window was recorded
+                continue
             if state.get(k) != getattr(self.cfg, k):
                 raise LoaderError(f"loader state was saved with {k}={state.get(k)} but this loader has "
                                   f"{k}={getattr(self.cfg, k)}; resume with the same settings")

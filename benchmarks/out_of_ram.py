@@ -1,0 +1,137 @@
+"""A raw cache bigger than the loader's memory, read for one epoch, against the disk's sequential rate.
+
+    python benchmarks/out_of_ram.py [--images 16000] [--size 224] [--memory 1GB] [--rows stream,mmap]
+
+Each row runs in a child process placed in a memory cgroup of --memory (page cache charged; the
+child's own start-up memory is charged before it joins), after the cache's pages were dropped from
+the page cache (posix_fadvise DONTNEED). Reported: img/s, MB/s, MB/s against `dd iflag=direct` over
+the same shard files in the same run, bytes read from storage per cache byte (/proc/<pid>/io: 1.0
+means no sample was read twice) and the cgroup's peak memory. Needs root for the cgroup (falls back
+to no cgroup, saying so). Rows: stream (the loader's streaming mode, with the cgroup's budget) and
+mmap (memory=None: the in-RAM path, for comparison).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import ROOT, write
+
+CHILD = r"""
+import json, os, sys, time
+import fastdata
+cache, mode, bs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+print("ready", flush=True)
+sys.stdin.readline()                     # the parent has put this process in the cgroup: budget from it
+dl = fastdata.loader(cache, bs, device="cpu", memory=None if mode == "mmap" else "auto", integrity="off")
+io0 = dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())
+t0, n = time.perf_counter(), 0
+for b in dl:
+    n += len(b[1])
+dt = time.perf_counter() - t0
+io1 = dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())
+cov = dl.coverage()
+print(json.dumps({"images": n, "seconds": dt, "read_bytes": int(io1["read_bytes"]) - int(io0["read_bytes"]),
+                  "seen": cov["seen"], "repeated": cov["repeated"], "window": dl.order.cfg.window,
+                  "streaming": dl._streamer is not None}), flush=True)
+"""
+
+
+def _drop_pages(files: list[Path]) -> None:
+    for p in files:
+        fd = os.open(p, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def _dd_rate(files: list[Path]) -> float:
+    total, t0 = 0, time.perf_counter()
+    for p in files:
+        subprocess.run(["dd", f"if={p}", "of=/dev/null", "bs=8M", "iflag=direct"], check=True,
+                       capture_output=True)
+        total += p.stat().st_size
+    return total / (time.perf_counter() - t0)
+
+
+def _cgroup(limit: int) -> Path | None:
+    cg = Path("/sys/fs/cgroup/memory") / f"fastdata-bench-{os.getpid()}"
+    try:
+        cg.mkdir(exist_ok=True)
+        (cg / "memory.limit_in_bytes").write_text(str(limit))
+        return cg
+    except OSError:
+        return None
+
+
+def _row(cache: Path, mode: str, bs: int, limit: int, files: list[Path]) -> dict:
+    _drop_pages(files)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(cache), mode, str(bs)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert child.stdout.readline().strip() == "ready"
+    cg = _cgroup(limit)
+    if cg is not None:
+        (cg / "cgroup.procs").write_text(str(child.pid))
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    out = child.stdout.readline()
+    child.wait()
+    peak = int((cg / "memory.max_usage_in_bytes").read_text()) if cg is not None else None
+    if cg is not None:
+        cg.rmdir()
+    if not out:
+        return {"row": mode, "error": f"child exited {child.returncode} (killed by the cgroup?)"}
+    r = json.loads(out)
+    r.update(row=mode, cgroup=cg is not None, peak_mb=peak / 1e6 if peak else None)
+    return r
+
+
+def main() -> None:
+    from fastdata._util import parse_size
+    from fastdata.cache.build import BuildConfig, build_cache
+    from fastdata.sample import make_image_folder
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--images", type=int, default=16000)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--memory", default="1GB")
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--rows", default="stream,mmap")
+    ap.add_argument("--work", default=None)
+    a = ap.parse_args()
+    work = Path(a.work or tempfile.mkdtemp(prefix="fastdata-oor-"))
+    src = work / "src"
+    if not src.exists():
+        make_image_folder(src, per_class=a.images // 10)
+    cache = work / f"raw{a.size}"
+    build_cache(BuildConfig(src=str(src), dest=str(cache), size=a.size, progress=False))
+    files = sorted(cache.glob("shard-*"))
+    total = sum(p.stat().st_size for p in files)
+    limit = parse_size(a.memory)
+    _drop_pages(files)
+    dd = _dd_rate(files)
+    rows = []
+    for mode in a.rows.split(","):
+        r = _row(cache, mode, a.batch_size, limit, files)
+        if "seconds" in r:
+            mbps = total / r["seconds"]
+            r.update({"img/s": r["images"] / r["seconds"], "MB/s": mbps / 1e6, "x dd": mbps / dd,
+                      "read / cache bytes": r["read_bytes"] / total})
+        rows.append(r)
+    notes = (f"Cache {cache}: {total / 1e9:.2f} GB ({len(files)} shards of {a.size} px raw); memory cgroup "
+             f"{a.memory} ({total / limit:.1f}x smaller than the cache); dd iflag=direct over the same files: "
+             f"{dd / 1e6:,.0f} MB/s. One epoch per row, page cache dropped before each.\n\nRerun: "
+             f"`python benchmarks/out_of_ram.py --images {a.images} --size {a.size} --memory {a.memory}`")
+    write("out-of-ram", rows, ["row", "streaming", "window", "img/s", "MB/s", "x dd", "read / cache bytes",
+                               "seen", "repeated", "peak_mb", "cgroup"], notes)
+
+
+if __name__ == "__main__":
+    main()

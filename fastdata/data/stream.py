@@ -1,0 +1,98 @@
+"""Caches bigger than memory: read shards ahead of the sample order, a window at a time, drop them behind.
+
+A memory-mapped cache that fits in RAM is read at memory speed whatever the order. One that does
+not fit thrashes: the shuffle window (16k samples, 3.2 GB at 256 px) is larger than the page
+cache can hold, so samples are faulted in one at a time, at random, and evicted before the rest of
+their shard is used (a 2.6 GB cache in a 900 MB cgroup streamed at 11% of the disk's rate).
+
+Streaming mode (``LoaderConfig.memory``, on by itself when the cache is larger than half of the
+memory budget: MemAvailable, or the cgroup's room, page cache included):
+
+* the shuffle window shrinks to what fits: ``budget * WINDOW_SHARE / sample_bytes`` samples (the
+  order stays shard-aware and deterministic per (seed, epoch, window), and is saved with the state);
+* as each batch is submitted for reading, every shard the next batches will touch, up to the read-ahead
+  budget, is announced with ``posix_fadvise(WILLNEED)``: the kernel reads it sequentially, at the
+  disk's rate, before the first sample of it is gathered;
+* once the last batch that touches a shard has been copied out, the shard's pages are unmapped from
+  the gather range (``madvise(DONTNEED)``) and dropped from the page cache (``posix_fadvise(DONTNEED)``),
+  so memory stays bounded and other shards' pages are not evicted in their place.
+
+Every sample is still read exactly once per epoch: only the window size changes.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+WINDOW_SHARE = 0.3      # of the budget: the samples shuffled together
+AHEAD_SHARE = 0.3       # of the budget: shards announced ahead of the batch being read
+_MADV_DONTNEED = 4
+
+
+def stream_window(budget: int, sample_bytes: int, batch_size: int) -> int:
+    return max(4 * batch_size, int(budget * WINDOW_SHARE) // max(1, sample_bytes))
+
+
+class Streamer:
+    """Per pass: which shard each upcoming batch needs; advice issued as batches are submitted."""
+
+    def __init__(self, cache, budget: int, lag: int) -> None:
+        self.cache, self.budget, self.lag = cache, budget, lag
+        self._fds: dict[int, int] = {}
+        self._first: dict[int, int] = {}
+        self._last: dict[int, int] = {}
+        self._announced: set[int] = set()
+        self._order: list[int] = []
+
+    def plan(self, batch_shards: list[np.ndarray]) -> None:
+        """batch_shards[k]: the shards batch k of this pass touches (k counted from the pass start)."""
+        self._first, self._last, self._order = {}, {}, []
+        for k, ids in enumerate(batch_shards):
+            for s in np.unique(ids).tolist():
+                if s not in self._first:
+                    self._first[s] = k
+                    self._order.append(s)
+                self._last[s] = k
+        self._announced &= set(self._first)
+
+    def submitted(self, k: int) -> None:
+        """Batch k of the pass is about to be read: announce what comes next, drop what is done."""
+        shards = self.cache.manifest.shards
+        ahead = 0
+        for s in self._order:
+            if self._first[s] > k and ahead + shards[s].bytes > self.budget * AHEAD_SHARE:
+                break
+            if self._last[s] >= k:
+                ahead += shards[s].bytes if self._first[s] > k else 0
+                if s not in self._announced:
+                    self._advise(s, os.POSIX_FADV_WILLNEED)
+                    self._announced.add(s)
+        done = [s for s in self._announced if self._last[s] < k - self.lag]
+        for s in done:
+            self._drop(s)
+            self._announced.discard(s)
+
+    def _fd(self, s: int) -> int:
+        if s not in self._fds:
+            self._fds[s] = os.open(self.cache.path / self.cache.manifest.shards[s].name, os.O_RDONLY)
+        return self._fds[s]
+
+    def _advise(self, s: int, advice: int) -> None:
+        try:
+            os.posix_fadvise(self._fd(s), 0, 0, advice)
+        except OSError:   # advice is a hint: a file system without it reads on demand
+            pass
+
+    def _drop(self, s: int) -> None:
+        table = self.cache.gather_table()
+        if table is not None and table.base:
+            start, size = table.starts[s], table.sizes[s]
+            ctypes.CDLL(None).madvise(ctypes.c_void_p(table.base + start), ctypes.c_size_t(size), _MADV_DONTNEED)
+        self._advise(s, os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

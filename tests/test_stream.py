@@ -1,0 +1,83 @@
+"""Caches bigger than the loader's memory: streamed shard by shard, every sample once, memory bounded."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fastdata
+
+from helpers import build, check_resume, epoch_indices
+
+
+def _resident(path: Path) -> int:
+    """Bytes of the file in the page cache (mincore over a fresh read-only mapping)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
+        pages = -(-size // mmap.PAGESIZE)
+        vec = (ctypes.c_ubyte * pages)()
+        addr = np.frombuffer(m, dtype=np.uint8).ctypes.data
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0
+        resident = sum(v & 1 for v in vec) * mmap.PAGESIZE
+    return resident
+
+
+@pytest.fixture(scope="module")
+def big_cache(image_folder, tmp_path_factory):
+    """960 samples of 64 px (12 KB) in 15 shards: 11.8 MB."""
+    root = tmp_path_factory.mktemp("stream")
+    lst = root / "list.csv"
+    lst.write_text("".join(f"{p},{k % 10}\n" for k in range(8) for p in sorted(image_folder.rglob("*.jpg"))))
+    build(lst, root / "c", workers=2, shard_size="800KB")
+    return root / "c"
+
+
+def _drop(files) -> None:
+    for p in files:
+        fd = os.open(p, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def test_streaming_reads_every_sample_once_within_the_budget(big_cache):
+    files = sorted(big_cache.glob("shard-*"))
+    total = sum(p.stat().st_size for p in files)
+    budget = total // 2                                           # the cache is 2x the loader's memory
+    dl = fastdata.loader(big_cache, 16, device="cpu", memory=budget, integrity="off")
+    assert dl._streamer is not None and dl.order.cfg.window < 960
+    _drop(files)
+    io0 = int(dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())["read_bytes"])
+    peak = 0
+    for k, _ in enumerate(dl):
+        if k % 4 == 0:
+            peak = max(peak, sum(_resident(p) for p in files))
+    io1 = int(dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())["read_bytes"])
+    cov = dl.coverage()
+    assert cov["seen"] == 960 and cov["repeated"] == 0 and cov["missed"] == 0
+    assert peak <= budget, (peak, budget)                          # dropped behind the order
+    assert io1 - io0 <= 1.3 * total                                # no sample read from storage twice over
+
+
+def test_streaming_order_is_deterministic_and_resumes_exactly(big_cache):
+    make = lambda: fastdata.loader(big_cache, 16, device="cpu", memory="6MB", seed=3)  # noqa: E731
+    a, b = make(), make()
+    assert [x.tolist() for x in epoch_indices(a)] == [x.tolist() for x in epoch_indices(b)]
+    check_resume(make, stop_after=7)
+    with pytest.raises(fastdata.FastdataError, match="window"):
+        other = fastdata.loader(big_cache, 16, device="cpu", memory=None, seed=3)
+        other.load_state_dict(make().state_dict())
+
+
+def test_a_budget_too_small_for_four_shards_is_refused(big_cache):
+    with pytest.raises(fastdata.FastdataError, match="cannot hold 4 shards"):
+        fastdata.loader(big_cache, 16, device="cpu", memory="1MB")
+
+
+def test_auto_mode_leaves_a_cache_that_fits_alone(raw_cache):
+    dl = fastdata.loader(raw_cache, 16, device="cpu")
+    assert dl._streamer is None and dl.order.cfg.window == 16384
