@@ -72,11 +72,28 @@ def _add_build(sub) -> None:
     p.add_argument("--allow-empty-classes", action="store_true",
                    help="keep class folders without images as labels (refused by default, as ImageFolder does)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--dry-run", action="store_true",
+                   help="write nothing: estimate raw and JPEG cache sizes and build time from a sample of "
+                        "the inputs, compare them with RAM and free disk, and recommend a setting")
+
+
+def _cmd_plan(a) -> int:
+    from .cache.codecs import CodecConfig
+    from .cache.plan import plan
+    from .cache.sources import discover
+
+    options = parse_options(a.storage_options) or None
+    source = discover(a.src, images_only=a.encode != "bytes", storage_options=options)
+    print(plan(source.items, CodecConfig(a.encode if a.encode != "bytes" else "raw", a.size, a.resize, a.quality),
+               getattr(a, "dest", None), options).text())
+    return 0
 
 
 def _cmd_build(a) -> int:
     from .cache.build import BuildConfig, build_cache
 
+    if a.dry_run:
+        return _cmd_plan(a)
     cfg = BuildConfig(src=a.src, dest=a.dest, format=a.format, encode=a.encode, size=a.size, resize=a.resize,
                       quality=a.quality, shard_size=a.shard_size, workers=a.workers, on_error=a.on_error,
                       part=a.part, progress=not a.no_progress, allow_empty_classes=a.allow_empty_classes,
@@ -102,8 +119,14 @@ def _cmd_verify(a) -> int:
     return 0 if report.ok else 1
 
 
+def _ram_total() -> int:
+    from .cache.plan import _ram
+
+    return _ram()
+
+
 def _cmd_info(a) -> int:
-    from ._util import human_bytes
+    from ._util import human_bytes, memory_budget
     from .cache.format import load_manifest
 
     m = load_manifest(a.cache, parse_options(a.storage_options) or None)
@@ -112,6 +135,10 @@ def _cmd_info(a) -> int:
     print(f"  samples {m.num_samples}, shards {len(m.shards)}, {human_bytes(total)}, "
           f"shape {tuple(m.sample_shape) if m.sample_shape else 'variable'}, classes {len(m.label_map)}")
     print(f"  build: size={m.build.get('size')} resize={m.build.get('resize')} encode={m.build.get('encode')}")
+    ram, budget = _ram_total(), memory_budget()
+    where = ("fits in half of the memory budget: read at memory speed" if total <= budget // 2 else
+             "larger than half of the memory budget: fastdata.loader streams it from disk (memory='auto')")
+    print(f"  size {human_bytes(total)} = {total / max(1, ram):.0%} of RAM ({human_bytes(ram)}); {where}")
     print(f"  quarantined {len(m.quarantined)}")
     for q in m.quarantined:
         print(f"    {q['path']}: {q['reason']}")
@@ -144,6 +171,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = ap.add_subparsers(dest="cmd", required=True)
     _add_build(sub)
+    p = sub.add_parser("plan", help="estimate cache sizes and build time for SRC; recommend raw, jpeg or a size")
+    p.add_argument("src", help="image folder, file list, tar, or s3:// prefix")
+    p.add_argument("--size", type=int, default=256, help="target pixels (as for build-cache)")
+    p.add_argument("--resize", default="fixed", choices=("fixed", "short", "max", "none"), help="as for build-cache")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality of the JPEG estimate")
+    p.add_argument("--encode", default="raw", choices=("raw", "jpeg", "bytes"), help="as for build-cache")
+    _storage_option(p)
     p = sub.add_parser("verify", help="check every shard checksum; name damaged shards and samples")
     p.add_argument("cache", help="cache folder or s3:// prefix")
     _storage_option(p)
@@ -162,8 +196,8 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-COMMANDS = {"build-cache": _cmd_build, "verify": _cmd_verify, "info": _cmd_info, "stage": _cmd_stage,
-            "merge": _cmd_merge}
+COMMANDS = {"build-cache": _cmd_build, "plan": _cmd_plan, "verify": _cmd_verify, "info": _cmd_info,
+            "stage": _cmd_stage, "merge": _cmd_merge}
 
 
 def main(argv: list[str] | None = None) -> int:

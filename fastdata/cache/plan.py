@@ -1,0 +1,134 @@
+"""`fastdata plan SRC` (and `build-cache --dry-run`): cache sizes and build time from a sample of the inputs.
+
+A few hundred inputs, spread evenly over SRC, are decoded with the build's own codec at the chosen
+size, to measure: bytes per sample for a raw and a JPEG cache, the decode rate per core, and the
+share that would be quarantined. Scaled to the whole input list and compared with this machine's
+RAM and DEST's free disk, they give a recommendation and the reason for it:
+
+  raw    the raw cache fits in half the memory: it is read at memory speed (the fastest path);
+  jpeg   raw would not fit in memory but the ~10x smaller JPEG cache does: decode on the GPU;
+  raw, streamed   neither fits in memory: a raw cache on disk is streamed at the disk's rate;
+  smaller size    nothing fits on DEST's disk at this size.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._util import human_bytes, usable_cpus
+from .codecs import CodecConfig, process_bytes
+from .sources import Item
+
+SAMPLE = 200
+
+
+@dataclass(frozen=True)
+class Plan:
+    inputs: int
+    sampled: int
+    bad_share: float
+    raw_bytes: int
+    jpeg_bytes: int
+    input_bytes: int
+    rate_per_core: float
+    cores: int
+    ram: int
+    free_disk: int
+    choice: str
+    reason: str
+
+    def text(self) -> str:
+        t = self.inputs / max(1e-9, self.rate_per_core * self.cores)
+        lines = [
+            f"{self.inputs} inputs ({human_bytes(self.input_bytes)}); measured on {self.sampled} of them"
+            f"{f', {self.bad_share:.0%} undecodable' if self.bad_share else ''}",
+            f"  raw cache   {human_bytes(self.raw_bytes):>10}   (RAM {human_bytes(self.ram)}, "
+            f"free disk {human_bytes(self.free_disk)})",
+            f"  jpeg cache  {human_bytes(self.jpeg_bytes):>10}",
+            f"  build       ~{t / 60:.1f} min on {self.cores} cores ({self.rate_per_core:.0f} img/s per core)",
+            f"recommended: {self.choice}: {self.reason}",
+        ]
+        return "\n".join(lines)
+
+
+def _read(item: Item, options) -> bytes:
+    if item.path.startswith("s3://"):
+        from ..stores.s3 import filesystem, strip
+
+        return filesystem(options).cat_file(strip(item.path))
+    with open(item.path, "rb") as f:
+        if item.span is None:
+            return f.read()
+        return os.pread(f.fileno(), item.span[1], item.span[0])
+
+
+def _measure(items, codec: CodecConfig, options) -> tuple[float, float, float, float, int]:
+    """(raw bytes, jpeg bytes, input bytes per good sample, seconds per decode, bad count) on the sample."""
+    raw = jpeg = src = seconds = 0.0
+    good = bad = 0
+    for it in items:
+        try:
+            data = _read(it, options)
+        except OSError:
+            bad += 1
+            continue
+        t0 = time.perf_counter()
+        res = process_bytes(data, codec)
+        seconds += time.perf_counter() - t0
+        if isinstance(res, str):
+            bad += 1
+            continue
+        good += 1
+        raw += res[1][0] * res[1][1] * 3
+        jres = process_bytes(data, CodecConfig("jpeg", codec.size, codec.resize, codec.quality))
+        jpeg += len(jres[0]) if not isinstance(jres, str) else 0
+        src += len(data)
+    n = max(1, good)
+    return raw / n, jpeg / n, src / n, seconds / max(1, good + bad), bad
+
+
+def _ram() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _choose(raw: int, jpeg: int, ram: int, disk: int, size: int) -> tuple[str, str]:
+    if raw <= ram // 2 and raw <= disk:
+        return "raw", f"the raw cache ({human_bytes(raw)}) fits in half of RAM: reads run at memory speed"
+    if jpeg <= ram // 2 and jpeg <= disk:
+        return ("jpeg", f"raw ({human_bytes(raw)}) exceeds half of RAM ({human_bytes(ram // 2)}) but the JPEG cache "
+                        f"({human_bytes(jpeg)}) fits: build with --encode jpeg and decode on the GPU (DALI/nvJPEG)")
+    if raw <= disk:
+        return ("raw, streamed", f"no cache fits in RAM; raw ({human_bytes(raw)}) fits on disk and the loader "
+                                 f"streams it at the disk's rate (fastdata.loader memory='auto')")
+    smaller = int(size * (disk / max(1, raw)) ** 0.5 * 0.9)
+    return (f"--size {smaller}", f"raw ({human_bytes(raw)}) and even JPEG ({human_bytes(jpeg)}) exceed the free "
+                                 f"disk ({human_bytes(disk)}); a smaller size or another DEST is needed")
+
+
+def plan(items: tuple[Item, ...], codec: CodecConfig, dest: str | None, options: dict | None = None) -> Plan:
+    from .jobs import _tune_malloc
+
+    _tune_malloc()   # decode as fast as a build job does, or the per-core rate is understated
+    step = max(1, len(items) // SAMPLE)
+    sample = items[::step][:SAMPLE]
+    raw, jpeg, src, per, bad = _measure(sample, codec, options)
+    good_share = 1 - bad / max(1, len(sample))
+    n_good = int(len(items) * good_share)
+    where = Path(dest).parent if dest and not str(dest).startswith("s3://") else Path.cwd()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    disk = shutil.disk_usage(where).free
+    ram = _ram()
+    raw_total, jpeg_total = int(raw * n_good), int(jpeg * n_good)
+    choice, reason = _choose(raw_total, jpeg_total, ram, disk, codec.size)
+    return Plan(len(items), len(sample), 1 - good_share, raw_total, jpeg_total, int(src * len(items)),
+                1 / max(per, 1e-9), usable_cpus(), ram, disk, choice, reason)

@@ -1,0 +1,36 @@
+"""The size and speed planner: estimates close to what a build writes, and the rules it recommends by."""
+from __future__ import annotations
+
+from fastdata.cache.codecs import CodecConfig
+from fastdata.cache.plan import _choose, plan
+from fastdata.cache.sources import discover
+from fastdata.cli import main
+
+from helpers import build
+
+GB = 10**9
+
+
+def test_estimates_match_the_caches_a_build_writes(image_folder, tmp_path):
+    items = discover(image_folder).items
+    p = plan(items, CodecConfig(size=64), str(tmp_path / "c"))
+    raw = sum(s.bytes for s in build(image_folder, tmp_path / "raw", workers=0).manifest.shards)
+    jpeg = sum(s.bytes for s in build(image_folder, tmp_path / "jpg", workers=0, encode="jpeg").manifest.shards)
+    assert p.inputs == 120 and p.sampled == 120 and p.bad_share == 0
+    assert abs(p.raw_bytes - raw) / raw < 0.05          # shards add only their small index arrays
+    assert abs(p.jpeg_bytes - jpeg) / jpeg < 0.3
+    assert p.rate_per_core > 0 and p.choice == "raw" and "fits in half of RAM" in p.reason
+
+
+def test_recommendation_rules():
+    assert _choose(10 * GB, 1 * GB, 64 * GB, 500 * GB, 256)[0] == "raw"
+    assert _choose(250 * GB, 20 * GB, 128 * GB, 500 * GB, 256)[0] == "jpeg"
+    assert _choose(250 * GB, 100 * GB, 64 * GB, 500 * GB, 256)[0] == "raw, streamed"
+    choice, reason = _choose(250 * GB, 30 * GB, 16 * GB, 20 * GB, 256)
+    assert choice.startswith("--size ") and int(choice.split()[1]) < 256 and "free disk" in reason
+
+
+def test_dry_run_writes_nothing(image_folder, tmp_path, capsys):
+    assert main(["build-cache", str(image_folder), str(tmp_path / "c"), "--dry-run", "--size", "64"]) == 0
+    assert "recommended: raw" in capsys.readouterr().out and not (tmp_path / "c").exists()
+    assert main(["plan", str(image_folder), "--size", "64"]) == 0
