@@ -44,7 +44,7 @@ if not (work / "src").exists():
     make_image_folder(work / "src", 2000)
 print(f"images: {time.time() - t0:.0f} s")
 for name, kw in (("raw256", {}), ("jpeg256", {"encode": "jpeg"})):
-    print(build_cache(BuildConfig(str(work / "src"), str(work / name), size=256, progress=False, **kw)).summary())
+    print(build_cache(BuildConfig(src=str(work / "src"), dest=str(work / name), size=256, progress=False, **kw)).summary())
 EOF
 }
 stage_dali() {

@@ -22,7 +22,12 @@ def add_cli(sub, commands: dict) -> None:
     p.add_argument("--compile", default="off", help="torch.compile mode (off | default | max-autotune | reduce-overhead)")
     p.add_argument("--seconds", type=float, default=20.0, help="how long to measure")
     p.add_argument("--json", default=None, help="write the report here")
-    p.add_argument("command", nargs="*", help="after --: your training command (it uses fastdata.monitor.doctor.Watch)")
+    p.add_argument("--timeline", default=None, metavar="PNG",
+                   help="with a command: draw the profiled steps (data wait, H2D, kernels, idle) here (needs matplotlib)")
+    p.add_argument("--warmup-steps", type=int, default=10, help="with a command: optimizer steps before measuring")
+    p.add_argument("--timed-steps", type=int, default=30, help="with a command: steps in the timed window")
+    p.add_argument("command", nargs="*", help="after --: your training command, run unmodified (a bootstrap "
+                                              "times its loaders and optimizer steps and profiles a few steps)")
     commands["doctor"] = run_doctor_cli
     p = sub.add_parser("monitor", help="live GPU counters: duty cycle, SM activity (GPM), memory, power")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between lines")
@@ -31,22 +36,27 @@ def add_cli(sub, commands: dict) -> None:
 
 
 def _wrapped(a):
+    from .bootstrap import read_report, write_sitecustomize
     from .doctor import diagnose
-    from .nvml import GpuSampler
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "report.json")
-        with GpuSampler() as sampler:
-            try:
-                rc = subprocess.call(a.command, env={**os.environ, "FASTDATA_DOCTOR_REPORT": path})
-            except OSError as e:
-                raise FastdataError(f"cannot run `{' '.join(a.command)}`: {e.strerror or e}; give the training "
-                                    f"command after --, e.g. fastdata doctor -- python train.py") from e
+        write_sitecustomize(tmp)
+        env = {**os.environ, "FASTDATA_DOCTOR_REPORT": path, "FASTDATA_DOCTOR_WARMUP": str(a.warmup_steps),
+               "FASTDATA_DOCTOR_TIMED": str(a.timed_steps),
+               "PYTHONPATH": os.pathsep.join([tmp] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+        if a.timeline:
+            env["FASTDATA_DOCTOR_TIMELINE"] = os.path.abspath(a.timeline)
+        try:
+            rc = subprocess.call(a.command, env=env)
+        except OSError as e:
+            raise FastdataError(f"cannot run `{' '.join(a.command)}`: {e.strerror or e}; give the training "
+                                f"command after --, e.g. fastdata doctor -- python train.py") from e
         if not os.path.exists(path):
-            raise FastdataError(f"`{' '.join(a.command)}` (exit {rc}) wrote no doctor report: wrap its loop in "
-                                f"fastdata.monitor.doctor.Watch (see `fastdata doctor --help`)")
-        m = json.loads(open(path).read())
-    m.update({k: round(v, 1) for k, v in sampler.summary().items() if k in ("duty_cycle", "sm_util")})
+            raise FastdataError(f"`{' '.join(a.command)}` (exit {rc}) wrote no doctor report: it is not a Python "
+                                f"process, or it exited before its first batch; run it as `fastdata doctor -- "
+                                f"python train.py ...`")
+        m = read_report(path)
     return diagnose(m)
 
 

@@ -6,7 +6,9 @@ activity (NVML/GPM). The verdict is the first rule that holds:
 
   input-bound     data wait >= 25% of wall time
   h2d-bound       host-to-device copies cover >= 20% of wall time
-  launch-bound    GPU busy < 70% of wall time although data is ready
+  launch-bound    GPU busy < 70% of wall time although data is ready: idle between kernels
+  SM-underfilled  the GPU is busy (duty cycle >= 70%) but GPM SM activity < 50%: small kernels
+                  or low occupancy (one SM at 100% reads as 100% duty cycle)
   compute-bound   otherwise
 
 Fixes are ranked by the gain they can bring, estimated from the measured
@@ -22,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 INPUT, H2D, LAUNCH, COMPUTE = "input-bound", "h2d-bound", "launch-bound", "compute-bound"
+SM_UNDERFILLED = "SM-underfilled"
 
 
 @dataclass
@@ -46,33 +49,73 @@ def _gain(frac: float) -> float:
     return 1.0 / max(1e-3, 1.0 - min(frac, 0.999))
 
 
-def diagnose(m: dict) -> Diagnosis:
-    """m: data_wait_frac, and where measured: h2d, gpu_busy, pinned, precision, compiled, cuda_graph."""
+def _uses(m: dict) -> dict:
+    """What the run already does, from the engine's settings or the script's detected features."""
+    f, loaders = m.get("features", {}), m.get("loaders", [])
+    return {"amp": f.get("autocast") in ("bfloat16", "float16") or m.get("precision") in ("bf16", "fp16"),
+            "compile": bool(f.get("compile") or m.get("compiled")),
+            "cuda_graph": bool(f.get("cuda_graph") or m.get("cuda_graph")),
+            "pinned": any(bool(x.get("pin_memory")) for x in loaders) or bool(m.get("pinned")),
+            "fastdata": any(str(x.get("source", "")).startswith("fastdata") for x in loaders),
+            "workers": max([int(x.get("num_workers", 0)) for x in loaders] or [0]),
+            "channels_last": bool(f.get("channels_last") or m.get("channels_last"))}
+
+
+def _input_fixes(m: dict, u: dict) -> list:
+    g = _gain(m.get("data_wait_frac", 0.0))
+    fixes = []
+    if not u["fastdata"]:
+        fixes.append(("decode once: `fastdata build-cache`, then fastdata.loader (uint8 to the GPU, augment there)", g))
+        fixes.append(("decode on the GPU: fastdata.decode_loader(folder, backend='dali' or 'nvjpeg')", g))
+        fixes.append(("more DataLoader workers, pin_memory=True: fastdata.dataloader(..., autotune_seconds=2)"
+                      f" (now {u['workers']} workers)", min(g, 2.0)))
+    else:
+        fixes.append(("a raw cache in RAM (or `fastdata stage` to tmpfs), more reader threads", g))
+    return fixes
+
+
+def _rules(m: dict, u: dict):
     wait, h2d, busy = m.get("data_wait_frac", 0.0), m.get("h2d"), m.get("gpu_busy")
+    duty, sm = m.get("duty_cycle"), m.get("sm_util")
     if wait >= 0.25:
-        g = _gain(wait)
-        return Diagnosis(INPUT, m, [
-            ("decode once: `fastdata build-cache`, then fastdata.loader (uint8 to the GPU, augment there)", g),
-            ("decode on the GPU: fastdata.decode_loader(backend='dali' or 'nvjpeg')", g),
-            ("more DataLoader workers, pin_memory=True: fastdata.dataloader(..., autotune_seconds=2)",
-             min(g, 2.0))])
+        return INPUT, _input_fixes(m, u)
     if h2d is not None and h2d >= 0.2:
-        return Diagnosis(H2D, m, [
-            ("pin host memory (pin_memory=True / fastdata.loader's pinned ring) and copy non_blocking", _gain(h2d * 0.6)),
-            ("ship uint8 and normalise on the GPU: 4x fewer bytes than float32", _gain(h2d * 0.75))])
+        fixes = [] if u["pinned"] else [("pin host memory (pin_memory=True) and copy with non_blocking=True",
+                                         _gain(h2d * 0.6))]
+        fixes.append(("ship uint8 and normalise on the GPU: 4x fewer bytes than float32 (fastdata.loader does)",
+                      _gain(h2d * 0.75)))
+        return H2D, fixes
     if busy is not None and busy < 0.7:
-        fixes = [("capture the step as a CUDA graph: EngineConfig(cuda_graph=True)", _gain(1 - busy))]
-        if not m.get("compiled"):
+        fixes = [] if u["cuda_graph"] else [("capture the step as a CUDA graph: EngineConfig(cuda_graph=True)",
+                                             _gain(1 - busy))]
+        if not u["compile"]:
             fixes.append(("torch.compile to fuse kernels: EngineConfig(compile='default')", min(1.46, _gain(1 - busy))))
         fixes.append(("a larger batch (batch_size='auto') amortises launches", min(2.0, _gain(1 - busy))))
-        return Diagnosis(LAUNCH, m, fixes)
+        return LAUNCH, fixes
+    busy_pct = duty if duty is not None else (busy * 100 if busy is not None else None)
+    if sm is not None and busy_pct is not None and busy_pct >= 70 and sm < 50:
+        gain = min(3.0, busy_pct / max(sm, 1.0))
+        fixes = [("a larger batch (batch_size='auto'): more blocks per kernel fill more SMs", gain)]
+        if not u["compile"]:
+            fixes.append(("torch.compile: fused kernels with better occupancy", min(1.46, gain)))
+        return SM_UNDERFILLED, fixes
     fixes = []
-    if m.get("precision", "fp32") in ("fp32", "tf32"):
+    if not u["amp"]:
         fixes.append(("AMP bf16 + channels_last: EngineConfig(precision='bf16')", 2.1))
-    if not m.get("compiled"):
+    if not u["compile"]:
         fixes.append(("torch.compile: EngineConfig(compile='default')", 1.46))
+    if not u["channels_last"] and not u["amp"]:
+        fixes.append(("channels_last memory format for convolutions", 1.1))
     fixes.append(("batch size search: batch_size='auto' (throughput, not just fit)", 1.05))
-    return Diagnosis(COMPUTE, m, fixes)
+    return COMPUTE, fixes
+
+
+def diagnose(m: dict) -> Diagnosis:
+    """m: data_wait_frac, and where measured: h2d, gpu_busy, duty_cycle, sm_util (percent), what the run
+    uses (precision/compiled/cuda_graph/pinned, or the bootstrap's features and loaders). The fixes never
+    suggest what the run already does; gains come from the measured fractions."""
+    verdict, fixes = _rules(m, _uses(m))
+    return Diagnosis(verdict, m, sorted(fixes, key=lambda f: -f[1]))
 
 
 def run_doctor(engine, loader, seconds: float = 20.0, profile: bool = True) -> Diagnosis:
@@ -124,7 +167,9 @@ class Watch:
         self.steps = 0
         self.t0 = time.perf_counter()
         path = os.environ.get("FASTDATA_DOCTOR_REPORT")
-        if path:
+        from . import bootstrap
+
+        if path and bootstrap._state is None:   # under the bootstrap, its richer report is the one written
             import atexit
 
             atexit.register(lambda: open(path, "w").write(json.dumps(self.measured())))

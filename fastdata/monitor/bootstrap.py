@@ -1,0 +1,122 @@
+"""The doctor inside an unmodified script: `fastdata doctor -- python train.py` loads this at start-up.
+
+The doctor puts a folder holding a ``sitecustomize.py`` first on PYTHONPATH; Python imports it
+before the script, and it calls ``install()``, which hooks, without touching the script:
+
+* loaders: every ``torch.utils.data.DataLoader`` and fastdata loader iterator is timed per
+  ``next()`` (the data wait), and its worker count and pin_memory are recorded;
+* steps: a global optimizer step hook (``register_optimizer_step_post_hook``) marks each step;
+* what the script already uses: ``torch.autocast`` dtypes, ``torch.compile`` calls, CUDA graph
+  replays, pinned memory, workers, channels_last batches.
+
+Timeline per process: WARMUP steps (compilation, cudnn autotuning), then a TIMED window of steps
+(data wait, img/s and NVML duty cycle / GPM SM activity over exactly that window), then a few
+PROFILED steps under torch.profiler (GPU busy, H2D share, kernels per step, a timeline). The timed
+window never includes the profiler, so the doctor's cost there is a timer per batch and a hook per
+step. The report is written to $FASTDATA_DOCTOR_REPORT after the profiled steps (or at exit).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import time
+
+from .script import ScriptState
+
+WARMUP = int(os.environ.get("FASTDATA_DOCTOR_WARMUP", 10))
+TIMED = int(os.environ.get("FASTDATA_DOCTOR_TIMED", 30))
+PROFILED = int(os.environ.get("FASTDATA_DOCTOR_PROFILED", 6))
+MIN_SECONDS = float(os.environ.get("FASTDATA_DOCTOR_MIN_SECONDS", 3.0))   # the timed window's least length
+
+_state: ScriptState | None = None
+
+
+def _wrap_iter(it, source: str, loader=None):
+    st = _state
+    st.note_loader(source, loader)
+    while True:
+        t = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        finally:
+            st.wait(time.perf_counter() - t)
+        st.note_batch(batch)
+        yield batch
+
+
+def _hook_loaders() -> None:
+    from torch.utils.data import DataLoader
+
+    original = DataLoader.__iter__
+
+    def timed_iter(self):
+        return _wrap_iter(iter(original(self)), "torch DataLoader", self)
+
+    DataLoader.__iter__ = timed_iter
+    for module, cls in (("fastdata.data.loader", "FastLoader"), ("fastdata.dali.decode", "DecodeLoader"),
+                        ("fastdata.dali.pipeline", "DaliLoader")):
+        try:
+            klass = getattr(__import__(module, fromlist=[cls]), cls)
+        except Exception:  # noqa: BLE001 - an optional backend that is missing
+            continue
+        orig = klass.__iter__
+        klass.__iter__ = lambda self, _o=orig, _n=cls: _wrap_iter(iter(_o(self)), f"fastdata {_n}", self)
+
+
+def _hook_features() -> None:
+    import torch
+
+    st = _state
+    orig_autocast_init = torch.autocast.__init__
+
+    def autocast_init(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+        orig_autocast_init(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        if enabled:
+            st.features["autocast"] = str(self.fast_dtype).replace("torch.", "")
+
+    torch.autocast.__init__ = autocast_init
+    orig_compile = torch.compile
+
+    def compile_(*a, **k):
+        st.features["compile"] = True
+        return orig_compile(*a, **k)
+
+    torch.compile = compile_
+    graph_replay = torch.cuda.CUDAGraph.replay
+
+    def replay(self):
+        st.features["cuda_graph"] = True
+        return graph_replay(self)
+
+    torch.cuda.CUDAGraph.replay = replay
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(lambda opt, args, kwargs: st.step())
+
+
+def install() -> None:
+    """Hook the running interpreter (called by the doctor's sitecustomize)."""
+    global _state
+    if _state is not None:
+        return
+    _state = ScriptState(WARMUP, TIMED, PROFILED, os.environ.get("FASTDATA_DOCTOR_REPORT"),
+                         os.environ.get("FASTDATA_DOCTOR_TIMELINE"), MIN_SECONDS)
+    _hook_features()
+    _hook_loaders()
+    atexit.register(_state.finish)
+
+
+def write_sitecustomize(folder: str) -> None:
+    """The folder the doctor puts first on PYTHONPATH for the child process."""
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
+        f.write("try:\n    from fastdata.monitor.bootstrap import install\n    install()\n"
+                "except Exception as e:  # never break the user's script\n"
+                "    import sys\n    print(f'fastdata doctor: not attached ({e})', file=sys.stderr)\n")
+
+
+def read_report(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)

@@ -1,0 +1,138 @@
+"""What the doctor's bootstrap measures in a user's process, step by step (bootstrap.py wires it in).
+
+Phases, counted in optimizer steps: warm-up -> timed window (data wait, img/s, NVML over exactly
+this window) -> profiled steps (torch.profiler: GPU busy, H2D share, kernels per step, timeline)
+-> report. A script without optimizer steps (inference) is measured per batch instead.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+
+class ScriptState:
+    def __init__(self, warmup: int, timed: int, profiled: int, report: str | None, timeline: str | None,
+                 min_seconds: float = 0.0):
+        self.warmup, self.timed, self.profiled, self.min_seconds = warmup, timed, profiled, min_seconds
+        self._profile_from = 0
+        self.report_path, self.timeline_path = report, timeline
+        self.steps = self.batches = 0
+        self.features: dict = {}
+        self.loaders: list[dict] = []
+        self._wait = 0.0
+        self._images = 0
+        self._t0 = time.perf_counter()
+        self._window: dict | None = None
+        self._sampler = self._profiler = None
+        self._prof_t0 = 0.0
+        self._waits: list[tuple[float, float]] = []   # host intervals spent in next(), profiled steps only
+        self.result: dict | None = None
+
+    # ---- events from the hooks ------------------------------------------------------------------
+    def note_loader(self, source: str, loader) -> None:
+        info = {"source": source}
+        for attr in ("num_workers", "pin_memory", "batch_size"):
+            if hasattr(loader, attr):
+                info[attr] = getattr(loader, attr)
+        if source.startswith("fastdata"):
+            info["pin_memory"] = True
+        if info not in self.loaders:
+            self.loaders.append(info)
+
+    def wait(self, seconds: float) -> None:
+        self._wait += seconds
+        if self._profiler is not None:
+            now = time.perf_counter()
+            self._waits.append((now - seconds, now))
+
+    def note_batch(self, batch) -> None:
+        self.batches += 1
+        try:
+            x = batch[0] if isinstance(batch, (tuple, list)) else batch
+            self._images += len(x)
+            if hasattr(x, "is_contiguous") and x.dim() == 4:
+                import torch
+
+                if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+                    self.features["channels_last"] = True
+        except Exception:  # noqa: BLE001 - a batch of any shape: count what can be counted
+            pass
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps == self.warmup:
+            self._start_window()
+        elif self._window is not None and "wall" not in self._window and self.steps >= self.warmup + self.timed \
+                and time.perf_counter() - self._window["t"] >= self.min_seconds:   # GPM needs >= 2 samples
+            self._end_window()
+            self._start_profile()
+            self._profile_from = self.steps
+        elif self._profiler is not None and self.steps >= self._profile_from + self.profiled:
+            self._end_profile()
+            self.finish()
+
+    # ---- phases -----------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    def _start_window(self) -> None:
+        from .nvml import GpuSampler
+
+        self._sync()
+        self._sampler = GpuSampler().start()
+        self._window = {"t": time.perf_counter(), "wait": self._wait, "images": self._images}
+
+    def _end_window(self) -> None:
+        self._sync()
+        wall = time.perf_counter() - self._window["t"]
+        images = self._images - self._window["images"]
+        self._window.update(wall=wall, data_wait_frac=min(1.0, (self._wait - self._window["wait"]) / wall),
+                            img_per_s=images / wall, gpu=self._sampler.summary())
+        self._sampler.stop()
+
+    def _start_profile(self) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self._profiler = profile(activities=acts)
+        self._profiler.__enter__()
+        self._prof_t0 = time.perf_counter()
+
+    def _end_profile(self) -> None:
+        from .timeline import fractions
+
+        self._sync()
+        wall = time.perf_counter() - self._prof_t0
+        prof, self._profiler = self._profiler, None
+        prof.__exit__(None, None, None)
+        self._window["profile"] = fractions(prof, wall, self.profiled, self._prof_t0, self._waits,
+                                            self.timeline_path)
+
+    # ---- report -----------------------------------------------------------------------------------
+    def measured(self) -> dict:
+        w = self._window or {}
+        m = {"steps": self.steps, "batches": self.batches, "features": self.features, "loaders": self.loaders}
+        if "wall" in w:
+            m.update(data_wait_frac=w["data_wait_frac"], img_per_s=round(w["img_per_s"], 1), window_s=round(w["wall"], 2))
+            m.update({k: round(v, 1) for k, v in w["gpu"].items() if k in ("duty_cycle", "sm_util", "sm_occupancy")})
+        else:   # too few steps for the window: the whole run
+            wall = max(1e-9, time.perf_counter() - self._t0)
+            m.update(data_wait_frac=min(1.0, self._wait / wall), window_s=round(wall, 2), short_run=True)
+        m.update(w.get("profile", {}))
+        return m
+
+    def finish(self) -> None:
+        if self.result is not None:
+            return
+        if self._profiler is not None:
+            self._end_profile()
+        if self._window is not None and "wall" not in self._window:
+            self._end_window()
+        self.result = self.measured()
+        if self.report_path:
+            with open(self.report_path, "w") as f:
+                json.dump(self.result, f, default=str)

@@ -1,0 +1,81 @@
+"""`fastdata doctor -- python script.py` on an unmodified script (CPU), and the five verdict rules."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from fastdata.cli import main
+from fastdata.monitor.doctor import COMPUTE, H2D, INPUT, LAUNCH, SM_UNDERFILLED, diagnose
+
+SCRIPT = '''
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self): return 10_000
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return torch.randn(3, 16, 16), i % 10
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(768, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for k, (x, y) in enumerate(DataLoader(Slow(), 8, num_workers=1)):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    if k == 30: break
+print("script done")
+'''
+
+
+def test_unmodified_script_is_diagnosed_through_the_bootstrap(tmp_path, monkeypatch, capsys):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    monkeypatch.setenv("FASTDATA_DOCTOR_MIN_SECONDS", "0.5")
+    out_json, png = tmp_path / "report.json", tmp_path / "timeline.png"
+    assert main(["doctor", "--json", str(out_json), "--timeline", str(png), "--warmup-steps", "3",
+                 "--timed-steps", "8", "--", sys.executable, str(script)]) == 0
+    report = json.loads(out_json.read_text())
+    m = report["measured"]
+    assert report["verdict"] == INPUT and m["data_wait_frac"] > 0.5
+    assert m["features"]["autocast"] == "bfloat16" and m["steps"] >= 3 + 8 + 6
+    assert m["loaders"] == [{"source": "torch DataLoader", "num_workers": 1, "pin_memory": False, "batch_size": 8}]
+    assert m["profiled_steps"] == 6 and m["window_s"] >= 0.5
+    assert png.exists() and png.stat().st_size > 1000
+    assert not any("AMP" in what for what, _ in report["fixes"])
+    assert "verdict: input-bound" in capsys.readouterr().out
+
+
+def _fixes(d):
+    return " | ".join(what for what, _ in d.fixes)
+
+
+def test_five_verdicts_and_fixes_that_fit_the_script():
+    script = {"features": {"autocast": "bfloat16", "compile": True, "cuda_graph": True},
+              "loaders": [{"source": "torch DataLoader", "num_workers": 8, "pin_memory": True}]}
+    assert diagnose({**script, "data_wait_frac": 0.6}).verdict == INPUT
+    h2d = diagnose({**script, "data_wait_frac": 0.02, "h2d": 0.5, "gpu_busy": 0.9})
+    assert h2d.verdict == H2D and "pin" not in _fixes(h2d) and "uint8" in _fixes(h2d)
+    launch = diagnose({**script, "data_wait_frac": 0.02, "h2d": 0.01, "gpu_busy": 0.3})
+    assert launch.verdict == LAUNCH and "CUDA graph" not in _fixes(launch) and "compile" not in _fixes(launch)
+    fresh = diagnose({"data_wait_frac": 0.02, "h2d": 0.01, "gpu_busy": 0.3})
+    assert "CUDA graph" in fresh.fixes[0][0] and abs(fresh.fixes[0][1] - 1 / 0.3) < 1e-6
+    under = diagnose({**script, "data_wait_frac": 0.02, "h2d": 0.0, "gpu_busy": 0.98, "duty_cycle": 99.0,
+                      "sm_util": 4.0})
+    assert under.verdict == SM_UNDERFILLED and under.fixes[0][1] == 3.0
+    busy = diagnose({**script, "data_wait_frac": 0.02, "h2d": 0.0, "gpu_busy": 0.98, "duty_cycle": 99.0,
+                     "sm_util": 85.0})
+    assert busy.verdict == COMPUTE and "AMP" not in _fixes(busy) and "torch.compile" not in _fixes(busy)
+    assert "AMP bf16" in diagnose({"data_wait_frac": 0.0, "gpu_busy": 0.99}).fixes[0][0]
+
+
+def test_a_command_that_is_not_python_is_a_clear_error(capsys):
+    assert main(["doctor", "--", "true"]) == 2
+    assert "wrote no doctor report" in capsys.readouterr().err
+
+
+def test_planted_case_scripts_are_plain_user_scripts():
+    cases = Path(__file__).resolve().parents[1] / "benchmarks" / "doctor_cases"
+    for p in cases.glob("*.py"):
+        assert "import fastdata" not in p.read_text() and "from fastdata" not in p.read_text(), p
+    assert {p.stem for p in cases.glob("*.py")} >= {"input_bound", "h2d_bound", "launch_bound", "sm_underfilled",
+                                                     "compute_bound"}
