@@ -287,6 +287,8 @@ class Cache:
                 now = (st.st_size, st.st_ino, st.st_mtime_ns)
             except OSError:
                 now = (-1, -1, -1)
+            if now != shard.stat and self._remote is not None and self._shards.get(int(i)) is not shard:
+                continue   # the shard folder evicted it meanwhile (its mapping stays valid): not a change
             if now != shard.stat:
                 raise CacheFormatError(f"{shard.path}: changed on disk while being read (size {shard.stat[0]} -> "
                                        f"{now[0]} B); do not rebuild or move a cache that a job is reading")

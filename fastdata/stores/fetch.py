@@ -146,6 +146,9 @@ class RemoteShards:
 
     def _fill(self) -> None:
         with self._lock:
+            if self._listeners and all(ref() is None for ref in self._listeners):
+                self._sequence = []   # every cache that read through this folder is gone: stop fetching ahead
+                return
             ahead = sum(self.shards[i].bytes for i in self._jobs if i not in self._used)
             for i in self._sequence:
                 if i in self._jobs or i in self._used:
