@@ -29,7 +29,9 @@ import fastdata
 cache, mode, bs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 print("ready", flush=True)
 sys.stdin.readline()                     # the parent has put this process in the cgroup: budget from it
-dl = fastdata.loader(cache, bs, device="cpu", memory=None if mode == "mmap" else "auto", integrity="off")
+budget = os.environ.get("OOR_BUDGET") or "auto"   # set where no cgroup could be made
+dl = fastdata.loader(cache, bs, device="cuda" if __import__("torch").cuda.is_available() else "cpu",
+                     memory=None if mode == "mmap" else budget, integrity="off")
 io0 = dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())
 t0, n = time.perf_counter(), 0
 for b in dl:
@@ -72,9 +74,14 @@ def _cgroup(limit: int) -> Path | None:
 
 def _row(cache: Path, mode: str, bs: int, limit: int, files: list[Path]) -> dict:
     _drop_pages(files)
+    probe = _cgroup(limit)
+    if probe is not None:
+        probe.rmdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if probe is None:
+        env["OOR_BUDGET"] = str(limit)
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(cache), mode, str(bs)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     assert child.stdout.readline().strip() == "ready"
     cg = _cgroup(limit)
     if cg is not None:

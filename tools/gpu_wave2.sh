@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Wave-2 GPU measurements, one device call per stage list; everything lands in one tarball in $OUT
+# (the device tool brings back at most 8 files).
+#   bash tools/gpu_wave2.sh tests doctor       (call 1)
+#   bash tools/gpu_wave2.sh loader oor         (call 2)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+RES=/tmp/wave2-results
+mkdir -p "$RES"
+PY=${PY:-python3}
+stage_tests() {
+    $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider 2>&1 | tee "$RES/gpu-tests-wave2.txt" | tail -20
+}
+stage_doctor() {
+    $PY benchmarks/doctor_cases.py --seconds ${CASE_SECONDS:-15} --out "$RES" 2>&1 | grep -v "^USDT\|Warning" | tail -30
+}
+stage_loader() {
+    $PY benchmarks/loader.py --per-class 1000 --seconds 5 --out "$RES" 2>&1 | tail -25
+}
+stage_oor() {   # no cgroup where the runtime has none: the loader is then given the budget explicitly
+    $PY benchmarks/out_of_ram.py --images ${OOR_IMAGES:-40000} --memory ${OOR_MEMORY:-3GB} --batch-size 256 \
+        --work /tmp/oor 2>&1 | tail -12
+    cp benchmarks/results/out-of-ram-*H200* "$RES"/ 2>/dev/null
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+for s in "$@"; do
+    echo "=== stage $s ($(date +%T))"
+    "stage_$s" || echo "=== stage $s FAILED"
+done
+tar czf "${OUT:-/tmp}/wave2-$(date +%H%M%S).tgz" -C "$RES" .
+echo "=== done ($(date +%T))"
