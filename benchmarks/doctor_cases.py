@@ -3,8 +3,9 @@ name each one, never suggest what the script already does, and cost at most 3% o
 
     python benchmarks/doctor_cases.py [--photos DIR] [--seconds 20] [--cases input_bound,...]
 
-Per case, in one run: the script alone (it prints its own img/s after 20 steps), then the same
+Per case, in one run: the script alone (it prints its own steps/s after 20 steps), then the same
 script under `fastdata doctor -- python CASE.py` (report JSON and timeline PNG next to the table).
+The doctor's overhead is the steps/s it measured in its timed window against the script alone.
 GPU machine only.
 """
 from __future__ import annotations
@@ -25,8 +26,8 @@ CASES = {"input_bound": "input-bound", "h2d_bound": "h2d-bound", "launch_bound":
 ALREADY = {"autocast": "AMP bf16", "compile": "torch.compile", "cuda_graph": "CUDA graph", "pinned": "pin host"}
 
 
-def _img_s(text: str) -> float | None:
-    found = re.findall(r"img/s ([0-9.]+)", text)
+def _rate(text: str, what: str) -> float | None:
+    found = re.findall(rf"{what} ([0-9.]+)", text)
     return float(found[-1]) if found else None
 
 
@@ -69,13 +70,14 @@ def main() -> None:
         report = json.loads(js.read_text())
         reports[case] = report
         m = report["measured"]
-        base, under = _img_s(alone.stderr), _img_s(doc.stderr)
+        # overhead: the steps/s the doctor measured in its timed window against the script's own, alone
+        base, under = _rate(alone.stderr, "steps/s"), m.get("steps_per_s")
         rows.append({"planted": CASES[case], "verdict": report["verdict"], "right": report["verdict"] == CASES[case],
                      "data wait": f"{m.get('data_wait_frac', 0):.0%}", "gpu busy": m.get("gpu_busy"),
                      "h2d": m.get("h2d"), "duty %": m.get("duty_cycle"), "SM %": m.get("sm_util"),
                      "uses": ", ".join(f"{k}={v}" for k, v in m.get("features", {}).items()),
                      "suggests what it has": len(_suggests_existing(report)),
-                     "img/s alone": base, "img/s under doctor": under,
+                     "steps/s alone": base, "steps/s in the doctor's window": under,
                      "overhead": f"{1 - under / base:+.1%}" if base and under else "",
                      "first fix": report["fixes"][0][0][:50] if report["fixes"] else ""})
         print(rows[-1], flush=True)
@@ -84,7 +86,8 @@ def main() -> None:
              f"`fastdata doctor -- python benchmarks/doctor_cases/CASE.py`; reports and timelines: doctor-CASE-*.json/png."
              f"\n\nRerun: `python benchmarks/doctor_cases.py --seconds {a.seconds}`")
     write("doctor-cases", rows, ["planted", "verdict", "right", "data wait", "gpu busy", "h2d", "duty %", "SM %",
-                                 "uses", "suggests what it has", "img/s alone", "img/s under doctor", "overhead",
+                                 "uses", "suggests what it has", "steps/s alone", "steps/s in the doctor's window",
+                                 "overhead",
                                  "first fix"], notes, out)
 
 

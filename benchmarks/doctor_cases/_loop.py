@@ -27,7 +27,8 @@ def train(model, batches, steps: int = 0, autocast=None, lr: float = 0.01) -> No
         images += len(x)
         step += 1
     torch.cuda.synchronize()
-    print(f"img/s {images / (time.perf_counter() - t0):.1f}", file=sys.stderr, flush=True)
+    wall = time.perf_counter() - t0
+    print(f"img/s {images / wall:.1f} steps/s {(step - 20) / wall:.2f}", file=sys.stderr, flush=True)
 
 
 def repeat(x, y):

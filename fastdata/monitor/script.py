@@ -83,14 +83,15 @@ class ScriptState:
 
         self._sync()
         self._sampler = GpuSampler().start()
-        self._window = {"t": time.perf_counter(), "wait": self._wait, "images": self._images}
+        self._window = {"t": time.perf_counter(), "wait": self._wait, "images": self._images, "steps": self.steps}
 
     def _end_window(self) -> None:
         self._sync()
         wall = time.perf_counter() - self._window["t"]
         images = self._images - self._window["images"]
         self._window.update(wall=wall, data_wait_frac=min(1.0, (self._wait - self._window["wait"]) / wall),
-                            img_per_s=images / wall, gpu=self._sampler.summary())
+                            img_per_s=images / wall, steps_per_s=(self.steps - self._window["steps"]) / wall,
+                            gpu=self._sampler.summary())
         self._sampler.stop()
 
     def _start_profile(self) -> None:
@@ -117,7 +118,9 @@ class ScriptState:
         w = self._window or {}
         m = {"steps": self.steps, "batches": self.batches, "features": self.features, "loaders": self.loaders}
         if "wall" in w:
-            m.update(data_wait_frac=w["data_wait_frac"], img_per_s=round(w["img_per_s"], 1), window_s=round(w["wall"], 2))
+            m.update(data_wait_frac=w["data_wait_frac"], steps_per_s=round(w["steps_per_s"], 2), window_s=round(w["wall"], 2))
+            if w["img_per_s"]:   # images are counted where the batches come from a hooked loader
+                m["img_per_s"] = round(w["img_per_s"], 1)
             m.update({k: round(v, 1) for k, v in w["gpu"].items() if k in ("duty_cycle", "sm_util", "sm_occupancy")})
         else:   # too few steps for the window: the whole run
             wall = max(1e-9, time.perf_counter() - self._t0)
