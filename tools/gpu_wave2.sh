@@ -20,8 +20,8 @@ stage_loader() {
 }
 stage_oor() {   # no cgroup where the runtime has none: the loader is then given the budget explicitly
     $PY benchmarks/out_of_ram.py --images ${OOR_IMAGES:-40000} --memory ${OOR_MEMORY:-3GB} --batch-size 256 \
-        --work /tmp/oor 2>&1 | tail -12
-    cp benchmarks/results/out-of-ram-*H200* "$RES"/ 2>/dev/null
+        --rows ${OOR_ROWS:-stream} --work /tmp/oor 2>&1 | tail -12
+    cp benchmarks/results/out-of-ram-*H200* benchmarks/results/loader-*H200* "$RES"/ 2>/dev/null
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 for s in "$@"; do
