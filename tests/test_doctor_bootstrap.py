@@ -31,6 +31,7 @@ def test_unmodified_script_is_diagnosed_through_the_bootstrap(tmp_path, monkeypa
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     monkeypatch.setenv("FASTDATA_DOCTOR_MIN_SECONDS", "0.5")
+    monkeypatch.setenv("FASTDATA_DOCTOR_WARMUP_SECONDS", "0.2")
     out_json, png = tmp_path / "report.json", tmp_path / "timeline.png"
     assert main(["doctor", "--json", str(out_json), "--timeline", str(png), "--warmup-steps", "3",
                  "--timed-steps", "8", "--", sys.executable, str(script)]) == 0

@@ -9,7 +9,7 @@ before the script, and it calls ``install()``, which hooks, without touching the
 * what the script already uses: ``torch.autocast`` dtypes, ``torch.compile`` calls, CUDA graph
   replays, pinned memory, workers, channels_last batches.
 
-Timeline per process: WARMUP steps (compilation, cudnn autotuning), then a TIMED window of steps
+Timeline per process: WARMUP steps and WARMUP_SECONDS (compilation, cudnn autotuning), then a TIMED window of steps
 (data wait, img/s and NVML duty cycle / GPM SM activity over exactly that window), then a few
 PROFILED steps under torch.profiler (GPU busy, H2D share, kernels per step, a timeline). The timed
 window never includes the profiler, so the doctor's cost there is a timer per batch and a hook per
@@ -28,6 +28,7 @@ WARMUP = int(os.environ.get("FASTDATA_DOCTOR_WARMUP", 10))
 TIMED = int(os.environ.get("FASTDATA_DOCTOR_TIMED", 30))
 PROFILED = int(os.environ.get("FASTDATA_DOCTOR_PROFILED", 6))
 MIN_SECONDS = float(os.environ.get("FASTDATA_DOCTOR_MIN_SECONDS", 3.0))   # the timed window's least length
+WARMUP_SECONDS = float(os.environ.get("FASTDATA_DOCTOR_WARMUP_SECONDS", 2.0))   # and the warm-up's
 
 _state: ScriptState | None = None
 
@@ -103,7 +104,7 @@ def install() -> None:
     if _state is not None:
         return
     _state = ScriptState(WARMUP, TIMED, PROFILED, os.environ.get("FASTDATA_DOCTOR_REPORT"),
-                         os.environ.get("FASTDATA_DOCTOR_TIMELINE"), MIN_SECONDS)
+                         os.environ.get("FASTDATA_DOCTOR_TIMELINE"), MIN_SECONDS, WARMUP_SECONDS)
     _hook_features()
     _hook_loaders()
     atexit.register(_state.finish)

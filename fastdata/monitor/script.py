@@ -12,8 +12,9 @@ import time
 
 class ScriptState:
     def __init__(self, warmup: int, timed: int, profiled: int, report: str | None, timeline: str | None,
-                 min_seconds: float = 0.0):
+                 min_seconds: float = 0.0, warmup_seconds: float = 0.0):
         self.warmup, self.timed, self.profiled, self.min_seconds = warmup, timed, profiled, min_seconds
+        self.warmup_seconds, self._first_step = warmup_seconds, 0.0
         self._profile_from = 0
         self.report_path, self.timeline_path = report, timeline
         self.steps = self.batches = 0
@@ -60,9 +61,13 @@ class ScriptState:
 
     def step(self) -> None:
         self.steps += 1
-        if self.steps == self.warmup:
+        if self.steps == 1:
+            self._first_step = time.perf_counter()
+        if self._window is None and self.steps >= self.warmup and \
+                time.perf_counter() - self._first_step >= self.warmup_seconds:   # fast steps: warm by time too
             self._start_window()
-        elif self._window is not None and "wall" not in self._window and self.steps >= self.warmup + self.timed \
+        elif self._window is not None and "wall" not in self._window and \
+                self.steps >= self._window["steps"] + self.timed \
                 and time.perf_counter() - self._window["t"] >= self.min_seconds:   # GPM needs >= 2 samples
             self._end_window()
             self._start_profile()
@@ -79,10 +84,10 @@ class ScriptState:
             torch.cuda.synchronize()
 
     def _start_window(self) -> None:
-        from .nvml import GpuSampler
+        from .nvml import GpuSampler, SamplerConfig
 
         self._sync()
-        self._sampler = GpuSampler().start()
+        self._sampler = GpuSampler(SamplerConfig(interval_s=0.5)).start()   # GPM needs >= 0.1 s; fewer wake-ups
         self._window = {"t": time.perf_counter(), "wait": self._wait, "images": self._images, "steps": self.steps}
 
     def _end_window(self) -> None:
