@@ -92,3 +92,15 @@ def drain(dl, seconds: float, device: torch.device | None = None) -> float:
     if cuda:
         torch.cuda.synchronize()
     return n / (time.perf_counter() - t0)
+
+
+def data_args(per_class: int = 100, size: int = 224, seconds: float = 5.0, batch_size: int = 256):
+    """The argument parser the loader benchmarks share: data set size, image size, timing, batch."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--per-class", type=int, default=per_class)
+    ap.add_argument("--size", type=int, default=size)
+    ap.add_argument("--seconds", type=float, default=seconds)
+    ap.add_argument("--batch-size", type=int, default=batch_size)
+    return ap

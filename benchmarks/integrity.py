@@ -8,7 +8,6 @@ hashed every shard, and the single-core crc32 / sha256 rates of this machine.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import tempfile
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import drain, write
+from _common import data_args, drain, write
 
 
 def _data(work: Path, per_class: int, size: int) -> Path:
@@ -49,11 +48,7 @@ def main() -> None:
 
     import fastdata
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--per-class", type=int, default=100)
-    ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--batch-size", type=int, default=256)
+    ap = data_args()
     ap.add_argument("--work", default=None)
     a = ap.parse_args()
     work = Path(a.work or tempfile.mkdtemp(prefix="fastdata-integrity-"))

@@ -8,14 +8,13 @@ All read the same raw cache with the same loader settings to host memory (CPU bo
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from _common import ROOT, drain, write
+from _common import ROOT, data_args, drain, write
 
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -31,11 +30,7 @@ def main() -> None:
     from fastdata.sample import make_image_folder
     from fastdata.stores.fetch import RemoteConfig
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--per-class", type=int, default=100)
-    ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--batch-size", type=int, default=256)
+    ap = data_args()
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fastdata-s3-"))
     srv = s3_server.start()

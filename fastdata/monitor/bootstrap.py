@@ -20,9 +20,8 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import time
 
-from .script import ScriptState
+from .script import ScriptState, timed
 
 WARMUP = int(os.environ.get("FASTDATA_DOCTOR_WARMUP", 10))
 TIMED = int(os.environ.get("FASTDATA_DOCTOR_TIMED", 30))
@@ -34,18 +33,8 @@ _state: ScriptState | None = None
 
 
 def _wrap_iter(it, source: str, loader=None):
-    st = _state
-    st.note_loader(source, loader)
-    while True:
-        t = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
-            return
-        finally:
-            st.wait(time.perf_counter() - t)
-        st.note_batch(batch)
-        yield batch
+    _state.note_loader(source, loader)
+    return timed(it, _state.wait, _state.note_batch)
 
 
 def _hook_loaders() -> None:

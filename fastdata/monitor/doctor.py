@@ -177,16 +177,11 @@ class Watch:
             atexit.register(lambda: open(path, "w").write(json.dumps(self.measured())))
 
     def loader(self, iterable):
-        it = iter(iterable)
-        while True:
-            t = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            finally:
-                self.wait += time.perf_counter() - t
-            yield batch
+        from .script import timed
+
+        def waited(seconds: float) -> None:
+            self.wait += seconds
+        return timed(iterable, waited)
 
     def step(self) -> None:
         self.steps += 1

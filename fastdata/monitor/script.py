@@ -10,6 +10,22 @@ import json
 import time
 
 
+def timed(iterable, on_wait, on_batch=None):
+    """Yield from iterable, reporting the seconds each next() blocked (the data wait)."""
+    it = iter(iterable)
+    while True:
+        t = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        finally:
+            on_wait(time.perf_counter() - t)
+        if on_batch is not None:
+            on_batch(batch)
+        yield batch
+
+
 class ScriptState:
     def __init__(self, warmup: int, timed: int, profiled: int, report: str | None, timeline: str | None,
                  min_seconds: float = 0.0, warmup_seconds: float = 0.0):
