@@ -80,3 +80,15 @@ def test_planted_case_scripts_are_plain_user_scripts():
         assert "import fastdata" not in p.read_text() and "from fastdata" not in p.read_text(), p
     assert {p.stem for p in cases.glob("*.py")} >= {"input_bound", "h2d_bound", "launch_bound", "sm_underfilled",
                                                      "compute_bound"}
+
+
+def test_nvml_samples_are_kept_inside_the_scripts_window_only():
+    from types import SimpleNamespace
+
+    from fastdata.monitor.cli import _window_gpu
+
+    rows = [{"t": t, "duty_cycle": d, "sm_util": s} for t, d, s in
+            [(9.5, 0.0, 0.0), (10.4, 50.0, 5.0), (10.9, 99.0, 2.0), (11.4, 97.0, 2.0), (12.5, 0.0, 0.0)]]
+    sampler = SimpleNamespace(samples=rows, cfg=SimpleNamespace(interval_s=0.5))
+    assert _window_gpu(sampler, [10.0, 11.5]) == {"duty_cycle": 98.0, "sm_util": 2.0}   # start-up excluded
+    assert _window_gpu(sampler, None) == {}

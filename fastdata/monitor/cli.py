@@ -38,6 +38,7 @@ def add_cli(sub, commands: dict) -> None:
 def _wrapped(a):
     from .bootstrap import read_report, write_sitecustomize
     from .doctor import diagnose
+    from .nvml import GpuSampler, SamplerConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "report.json")
@@ -48,7 +49,8 @@ def _wrapped(a):
         if a.timeline:
             env["FASTDATA_DOCTOR_TIMELINE"] = os.path.abspath(a.timeline)
         try:
-            rc = subprocess.call(a.command, env=env)
+            with GpuSampler(SamplerConfig(interval_s=0.5)) as sampler:   # GPM needs samples >= 0.1 s apart
+                rc = subprocess.call(a.command, env=env)
         except OSError as e:
             raise FastdataError(f"cannot run `{' '.join(a.command)}`: {e.strerror or e}; give the training "
                                 f"command after --, e.g. fastdata doctor -- python train.py") from e
@@ -57,7 +59,19 @@ def _wrapped(a):
                                 f"process, or it exited before its first batch; run it as `fastdata doctor -- "
                                 f"python train.py ...`")
         m = read_report(path)
+    m.update(_window_gpu(sampler, m.pop("window_monotonic", None)))
     return diagnose(m)
+
+
+def _window_gpu(sampler, window) -> dict:
+    """Duty cycle and GPM SM activity over the script's timed window: samples taken inside it (a GPM
+    value covers the interval up to its sample)."""
+    if not window:
+        return {}
+    t0, t1 = window
+    rows = [r for r in sampler.samples if t0 + sampler.cfg.interval_s <= r["t"] <= t1]
+    keys = ("duty_cycle", "sm_util", "sm_occupancy")
+    return {k: round(sum(r[k] for r in rows) / len(rows), 1) for k in keys if rows and all(k in r for r in rows)}
 
 
 def _engine_run(a):

@@ -1,7 +1,7 @@
 """What the doctor's bootstrap measures in a user's process, step by step (bootstrap.py wires it in).
 
-Phases, counted in optimizer steps: warm-up -> timed window (data wait, img/s, NVML over exactly
-this window) -> profiled steps (torch.profiler: GPU busy, H2D share, kernels per step, timeline)
+Phases, counted in optimizer steps: warm-up -> timed window (data wait, img/s; the doctor's process
+samples NVML and keeps the samples inside this window) -> profiled steps (torch.profiler: GPU busy, H2D share, kernels per step, timeline)
 -> report. A script without optimizer steps (inference) is measured per batch instead.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ class ScriptState:
         self._images = 0
         self._t0 = time.perf_counter()
         self._window: dict | None = None
-        self._sampler = self._profiler = None
+        self._profiler = None
         self._prof_t0 = 0.0
         self._waits: list[tuple[float, float]] = []   # host intervals spent in next(), profiled steps only
         self.result: dict | None = None
@@ -100,11 +100,8 @@ class ScriptState:
             torch.cuda.synchronize()
 
     def _start_window(self) -> None:
-        from .nvml import GpuSampler, SamplerConfig
-
         self._sync()
-        self._sampler = GpuSampler(SamplerConfig(interval_s=0.5)).start()   # GPM needs >= 0.1 s; fewer wake-ups
-        self._window = {"t": time.perf_counter(), "wait": self._wait, "images": self._images, "steps": self.steps}
+        self._window = {"t_mono": time.monotonic(), "t": time.perf_counter(), "wait": self._wait, "images": self._images, "steps": self.steps}
 
     def _end_window(self) -> None:
         self._sync()
@@ -112,8 +109,7 @@ class ScriptState:
         images = self._images - self._window["images"]
         self._window.update(wall=wall, data_wait_frac=min(1.0, (self._wait - self._window["wait"]) / wall),
                             img_per_s=images / wall, steps_per_s=(self.steps - self._window["steps"]) / wall,
-                            gpu=self._sampler.summary())
-        self._sampler.stop()
+                            t_mono_end=time.monotonic())
 
     def _start_profile(self) -> None:
         import torch
@@ -142,7 +138,9 @@ class ScriptState:
             m.update(data_wait_frac=w["data_wait_frac"], steps_per_s=round(w["steps_per_s"], 2), window_s=round(w["wall"], 2))
             if w["img_per_s"]:   # images are counted where the batches come from a hooked loader
                 m["img_per_s"] = round(w["img_per_s"], 1)
-            m.update({k: round(v, 1) for k, v in w["gpu"].items() if k in ("duty_cycle", "sm_util", "sm_occupancy")})
+            # NVML is sampled by the doctor's own process over these instants (system-wide monotonic
+            # clock): no sampler thread in the user's process, whose launch-bound loops it slowed
+            m["window_monotonic"] = [w["t_mono"], w["t_mono_end"]]
         else:   # too few steps for the window: the whole run
             wall = max(1e-9, time.perf_counter() - self._t0)
             m.update(data_wait_frac=min(1.0, self._wait / wall), window_s=round(wall, 2), short_run=True)
