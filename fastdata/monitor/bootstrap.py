@@ -10,7 +10,7 @@ before the script, and it calls ``install()``, which hooks, without touching the
   replays, pinned memory, workers, channels_last batches.
 
 Timeline per process: WARMUP steps and WARMUP_SECONDS (compilation, cudnn autotuning), then a TIMED window of steps
-(data wait, img/s and NVML duty cycle / GPM SM activity over exactly that window), then a few
+(data wait, steps/s; the doctor process keeps its NVML samples to exactly that window), then a few
 PROFILED steps under torch.profiler (GPU busy, H2D share, kernels per step, a timeline). The timed
 window never includes the profiler, so the doctor's cost there is a timer per batch and a hook per
 step. The report is written to $FASTDATA_DOCTOR_REPORT after the profiled steps (or at exit).
