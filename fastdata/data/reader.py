@@ -226,17 +226,18 @@ class Cache:
     def shard(self, i: int) -> Shard:
         if self._pid != os.getpid():  # forked: mappings are fine, but keep handles per process
             self._shards, self._table, self._checked, self._pid = {}, None, {}, os.getpid()
-        if i not in self._shards:
+        shard = self._shards.get(i)
+        if shard is None:
             info = self.manifest.shards[i]
             path = self._remote.get(i) if self._remote is not None else self.path / info.name
             try:
-                self._shards[i] = open_shard(path, info, self.path)
+                shard = self._shards[i] = open_shard(path, info, self.path)
             finally:
                 if self._remote is not None:
-                    self._remote.release(i)   # mapped now: the folder may evict the file
-            if self._hasher is not None:
+                    self._remote.release(i)   # mapped now: the folder may evict the file (and forget it here)
+            if self._hasher is not None and self._remote is None:   # (a fetched shard's sha256 was checked)
                 self._hasher.submit(i, path, info.sha256, lambda: open_shard(path, info, self.path))
-        return self._shards[i]
+        return shard
 
     def locate(self, index: int) -> tuple[int, int]:
         if not 0 <= index < len(self):
