@@ -81,7 +81,7 @@ def refuse_url(text: str | Path, what: str) -> None:
                             f"verify, info and the loader")
 
 
-def _cgroup_room() -> int | None:
+def cgroup_room() -> int | None:
     """Bytes this process's memory cgroup can still take (v1 or v2), or None without a limit."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
@@ -106,16 +106,24 @@ def _cgroup_room() -> int | None:
     return None
 
 
+def _meminfo(field: str) -> int | None:
+    """A /proc/meminfo field in bytes (MemTotal, MemAvailable, ...), or None where there is none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_total() -> int:
+    """This machine's RAM (0 where unknown)."""
+    return _meminfo("MemTotal") or 0
+
+
 def memory_budget() -> int:
     """Bytes this process can still fill with data: the smaller of MemAvailable and its cgroup's room
     (page cache is charged to the cgroup, so a mapped cache counts)."""
-    avail = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    room = _cgroup_room()
-    known = [x for x in (avail, room) if x is not None]
+    known = [x for x in (_meminfo("MemAvailable"), cgroup_room()) if x is not None]
     return min(known) if known else 1 << 62

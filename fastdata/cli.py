@@ -119,14 +119,8 @@ def _cmd_verify(a) -> int:
     return 0 if report.ok else 1
 
 
-def _ram_total() -> int:
-    from .cache.plan import _ram
-
-    return _ram()
-
-
 def _cmd_info(a) -> int:
-    from ._util import human_bytes, memory_budget
+    from ._util import human_bytes, memory_budget, memory_total
     from .cache.format import load_manifest
 
     m = load_manifest(a.cache, parse_options(a.storage_options) or None)
@@ -135,7 +129,7 @@ def _cmd_info(a) -> int:
     print(f"  samples {m.num_samples}, shards {len(m.shards)}, {human_bytes(total)}, "
           f"shape {tuple(m.sample_shape) if m.sample_shape else 'variable'}, classes {len(m.label_map)}")
     print(f"  build: size={m.build.get('size')} resize={m.build.get('resize')} encode={m.build.get('encode')}")
-    ram, budget = _ram_total(), memory_budget()
+    ram, budget = memory_total(), memory_budget()
     where = ("fits in half of the memory budget: read at memory speed" if total <= budget // 2 else
              "larger than half of the memory budget: fastdata.loader streams it from disk (memory='auto')")
     print(f"  size {human_bytes(total)} = {total / max(1, ram):.0%} of RAM ({human_bytes(ram)}); {where}")

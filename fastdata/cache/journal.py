@@ -60,18 +60,21 @@ def key_bytes(key: str) -> bytes:
     return key.encode("utf-8", "surrogateescape")
 
 
-def inputs_digest(keys) -> str:
-    h = hashlib.sha256()
+def _hash_keys(h, keys) -> None:
     for k in keys:
         h.update(key_bytes(k) + b"\0")
+
+
+def inputs_digest(keys) -> str:
+    h = hashlib.sha256()
+    _hash_keys(h, keys)
     return h.hexdigest()
 
 
 def fingerprint(config: dict, keys: list[str]) -> str:
     """What must not change between a killed build and its resume: settings and input list."""
     h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
-    for k in keys:
-        h.update(key_bytes(k) + b"\0")
+    _hash_keys(h, keys)
     return h.hexdigest()
 
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._util import human_bytes, usable_cpus
+from .._util import human_bytes, memory_total, usable_cpus
 from .codecs import CodecConfig, process_bytes
 from .sources import Item
 
@@ -90,16 +90,6 @@ def _measure(items, codec: CodecConfig, options) -> tuple[float, float, float, f
     return raw / n, jpeg / n, src / n, seconds / max(1, good + bad), bad
 
 
-def _ram() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def _choose(raw: int, jpeg: int, ram: int, disk: int, size: int) -> tuple[str, str]:
     if raw <= ram // 2 and raw <= disk:
         return "raw", f"the raw cache ({human_bytes(raw)}) fits in half of RAM: reads run at memory speed"
@@ -127,7 +117,7 @@ def plan(items: tuple[Item, ...], codec: CodecConfig, dest: str | None, options:
     while not where.exists() and where != where.parent:
         where = where.parent
     disk = shutil.disk_usage(where).free
-    ram = _ram()
+    ram = memory_total()
     raw_total, jpeg_total = int(raw * n_good), int(jpeg * n_good)
     choice, reason = _choose(raw_total, jpeg_total, ram, disk, codec.size)
     return Plan(len(items), len(sample), 1 - good_share, raw_total, jpeg_total, int(src * len(items)),

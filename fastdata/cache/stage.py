@@ -12,29 +12,13 @@ import logging
 import shutil
 from pathlib import Path
 
-from .._util import human_bytes, refuse_url
+from .._util import cgroup_room, human_bytes, refuse_url
 from ..errors import FastdataError
 from .format import MANIFEST, load_manifest
 
 log = logging.getLogger("fastdata.stage")
 MARKER = ".staged-from"
 HEADROOM = 0.9
-
-
-def cgroup_memory_room() -> int | None:
-    """Bytes the memory cgroup can still take (v2 or v1), or None without a limit."""
-    for limit_f, usage_f in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                             ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                              "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        try:
-            limit = Path(limit_f).read_text().strip()
-            usage = int(Path(usage_f).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if limit == "max" or int(limit) >= 1 << 60:
-            return None
-        return max(0, int(limit) - usage)
-    return None
 
 
 def _is_tmpfs(path: Path) -> bool:
@@ -62,7 +46,7 @@ def stage_cache(cache: str | Path, target: str | Path) -> Path:
     need = sum(s.bytes for s in m.shards)
     target.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(target.parent).free
-    room = cgroup_memory_room() if _is_tmpfs(target.parent) else None
+    room = cgroup_room() if _is_tmpfs(target.parent) else None
     short = []
     if need > free * HEADROOM:
         short.append(f"{target.parent} has {human_bytes(free)} free")

@@ -45,8 +45,7 @@ def _shard_damage(path: Path, sha256: str, open_shard) -> str | None:
         return None
     try:
         shard = open_shard()
-        bad = [(j, shard.keys[j]) for j in range(len(shard))
-               if zlib.crc32(shard.sample(j).numpy()) != int(shard.crc32[j])]
+        bad = [(j, shard.keys[j]) for j in shard.failing_crc()]
     except CacheFormatError as e:
         return str(e)
     what = ", ".join(f"sample {j} ({k})" for j, k in bad[:5]) + (" ..." if len(bad) > 5 else "") if bad else \

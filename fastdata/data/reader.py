@@ -14,6 +14,7 @@ import os
 import pickle
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,10 @@ class Shard:
 
     def sample(self, j: int) -> torch.Tensor:
         return self.data[int(self.offsets[j]):int(self.offsets[j + 1])]
+
+    def failing_crc(self) -> list[int]:
+        """Samples whose bytes no longer match their stored crc32 (verify and the integrity check)."""
+        return [j for j in range(len(self)) if zlib.crc32(self.sample(j).numpy()) != int(self.crc32[j])]
 
     def block(self, lo: int, hi: int, shape: tuple[int, int, int]) -> torch.Tensor:
         """Fixed-shape samples lo..hi as a zero-copy (n, H, W, C) view."""
