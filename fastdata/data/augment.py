@@ -1,23 +1,31 @@
 """GPU batch augmentation from uint8 NHWC: random resized crop, flip, normalise, in one pass.
 
-Every sample gets its own crop box and flip, expressed as an affine map and
-applied with one ``grid_sample`` over the whole batch, so the cost is one
-kernel launch per batch, not per image. Parameters are drawn on the device
-from a generator seeded per (seed, epoch, batch): deterministic and free of
-host syncs. The crop sampler follows torchvision's RandomResizedCrop
-distribution (area scale and log-uniform aspect), clamped rather than
-rejection-sampled so that it vectorises.
+Every sample gets its own crop box and flip, drawn on the host as a plan (crop.py: torchvision's
+RandomResizedCrop distribution, deterministic per (seed, epoch, batch)). The plan is applied by
+one of three kernels, all reading the uint8 batch and writing cfg.dtype channels_last:
+
+- ``triton``: one hand-written kernel (augment_triton.py), the default on a GPU with Triton;
+- ``compiled``: grid_sample and the normalisation compiled by Inductor into one kernel;
+- ``eager``: grid_sample, five passes over the batch; the CPU path and the reference.
+
+A plan row also holds each sample's byte offset and size, so variable-shape batches (caches built
+with --resize short|max, packed end to end) take the same path as fixed-shape ones.
 """
 from __future__ import annotations
 
-import math
+import importlib.util
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import LoaderError
+from .crop import draw_plan
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+KERNELS = ("auto", "triton", "compiled", "eager")
 
 
 @dataclass(frozen=True)
@@ -32,31 +40,24 @@ class AugmentConfig:
     std: tuple[float, float, float] = IMAGENET_STD
     dtype: str = "float32"                # float32 | bfloat16 | float16
     channels_last: bool = True
-    fused: bool = False                   # torch.compile the sampling into one kernel (see _sample)
+    kernel: str = "auto"                  # auto: triton on a GPU where Triton imports, else eager
+    fused: bool = False                   # older spelling of kernel="compiled"
+
+    def __post_init__(self):
+        if self.kernel not in KERNELS:
+            raise LoaderError(f"AugmentConfig(kernel={self.kernel!r}): choose one of {', '.join(KERNELS)}")
 
 
-def _crop_theta(n: int, h: int, w: int, cfg: AugmentConfig, gen: torch.Generator | None,
-                device: torch.device) -> torch.Tensor:
-    """(n, 2, 3) affine maps from output to input normalised coordinates."""
-    if not cfg.train:
-        f = cfg.crop_fraction
-        theta = torch.zeros(n, 2, 3, device=device)
-        theta[:, 0, 0] = f * min(h, w) / w
-        theta[:, 1, 1] = f * min(h, w) / h
-        return theta
-    u = torch.rand(n, 5, generator=gen, device=device)
-    area = cfg.scale[0] + (cfg.scale[1] - cfg.scale[0]) * u[:, 0]
-    log_r = math.log(cfg.ratio[0]) + (math.log(cfg.ratio[1]) - math.log(cfg.ratio[0])) * u[:, 1]
-    r = torch.exp(log_r)
-    cw = torch.sqrt(area * r * h / w).clamp(max=1.0)   # crop width as a fraction of the image width
-    ch = torch.sqrt(area / r * w / h).clamp(max=1.0)
-    cx = (2 * u[:, 2] - 1) * (1 - cw)                   # centre in [-1, 1], keeping the crop inside
-    cy = (2 * u[:, 3] - 1) * (1 - ch)
-    sign = torch.where(u[:, 4] < 0.5, -1.0, 1.0) if cfg.flip else torch.ones_like(cw)
-    theta = torch.zeros(n, 2, 3, device=device)
-    theta[:, 0, 0], theta[:, 0, 2] = cw * sign, cx
-    theta[:, 1, 1], theta[:, 1, 2] = ch, cy
-    return theta
+def resolve_kernel(cfg: AugmentConfig, device: torch.device) -> str:
+    """The kernel that runs cfg on device: triton needs CUDA and the triton package."""
+    kernel = "compiled" if cfg.fused and cfg.kernel == "auto" else cfg.kernel
+    has_triton = device.type == "cuda" and importlib.util.find_spec("triton") is not None
+    if kernel == "auto":
+        return "triton" if has_triton else "eager"
+    if kernel == "triton" and not has_triton:
+        raise LoaderError(f"AugmentConfig(kernel='triton') on {device}: it needs a CUDA device and the triton "
+                          f"package; use kernel='auto'")
+    return kernel
 
 
 _CONSTANTS: dict = {}
@@ -72,18 +73,25 @@ def _norm_constants(mean, std, device: torch.device) -> tuple[torch.Tensor, torc
     return _CONSTANTS[key]
 
 
-def _sample(images: torch.Tensor, theta: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, size: int,
+def _grid(plan: torch.Tensor, size: int) -> torch.Tensor:
+    """grid_sample's (n, size, size, 2) grid in [-1, 1] from the plan's pixel-space source map."""
+    o = torch.arange(size, device=plan.device, dtype=torch.float32)
+    p = plan.float()
+    gx = (2 * (p[:, 0:1] * o + p[:, 1:2]) + 1) / p[:, 6:7] - 1     # (n, size)
+    gy = (2 * (p[:, 2:3] * o + p[:, 3:4]) + 1) / p[:, 5:6] - 1
+    n = plan.shape[0]
+    return torch.stack([gx[:, None, :].expand(n, size, size), gy[:, :, None].expand(n, size, size)], dim=-1)
+
+
+def _sample(images: torch.Tensor, plan: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, size: int,
             dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
-    """Crop, resize and flip by the affine maps, then normalise: uint8 NHWC -> cfg.dtype NCHW.
+    """Crop, resize and flip by the plan, then normalise: uint8 NHWC -> dtype NCHW.
 
     Eager, this is five passes over the batch (a float copy of the whole uint8 input, the grid,
-    grid_sample, addcmul, the dtype cast), which on the GPU compete with the training step for
-    memory bandwidth. Compiled (AugmentConfig.fused), Inductor decomposes bilinear grid_sample into
-    gathers and fuses everything into one kernel that reads uint8 and writes the output once."""
-    n, h, w, c = images.shape
+    grid_sample, addcmul, the dtype cast). Compiled (kernel="compiled"), Inductor decomposes bilinear
+    grid_sample into gathers and fuses everything into one kernel."""
     x = images.permute(0, 3, 1, 2).float()              # NCHW view of NHWC memory: channels_last already
-    grid = F.affine_grid(theta, [n, c, size, size], align_corners=False)
-    out = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    out = F.grid_sample(x, _grid(plan, size), mode="bilinear", padding_mode="border", align_corners=False)
     out = torch.addcmul(shift, out, scale)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     return out.to(dtype=dtype, memory_format=fmt)
@@ -99,13 +107,52 @@ def _fused_sample():
     return _FUSED[0]
 
 
-def augment_batch(images: torch.Tensor, cfg: AugmentConfig, gen: torch.Generator | None = None) -> torch.Tensor:
-    """uint8 (N, H, W, C) on any device -> normalised (N, C, size, size) in cfg.dtype."""
-    n, h, w, c = images.shape
-    theta = _crop_theta(n, h, w, cfg, gen, images.device)   # eager: torch.rand with a generator
-    scale, shift = _norm_constants(cfg.mean, cfg.std, images.device)
-    sample = _fused_sample() if cfg.fused else _sample
-    return sample(images, theta, scale, shift, cfg.size, getattr(torch, cfg.dtype), cfg.channels_last)
+def apply_plan(src: torch.Tensor, plan: torch.Tensor, cfg: AugmentConfig,
+               shape: tuple[int, int] | None = None) -> torch.Tensor:
+    """Augment a batch by its plan (crop.draw_plan), both on the same device.
+
+    src: uint8 NHWC (n, H, W, 3) when every sample has one shape (pass shape=None), or a flat uint8
+    buffer of samples packed end to end at the plan's offsets (variable shapes). Returns
+    (n, 3, size, size) in cfg.dtype, channels_last when cfg.channels_last."""
+    dtype = getattr(torch, cfg.dtype)
+    scale, shift = _norm_constants(cfg.mean, cfg.std, src.device)
+    kernel = resolve_kernel(cfg, src.device)
+    if kernel == "triton":
+        from .augment_triton import crop_resize_normalise
+
+        out = crop_resize_normalise(src, plan, cfg.size, scale, shift, dtype)
+        return out if cfg.channels_last else out.contiguous()
+    sample = _fused_sample() if kernel == "compiled" else _sample
+    if src.dim() == 4:
+        return sample(src, plan, scale, shift, cfg.size, dtype, cfg.channels_last)
+    rows = plan.cpu().numpy()      # variable shapes off the fast path: one sample at a time
+    outs = []
+    for k, row in enumerate(rows):
+        off, h, w = int(row[4]), int(row[5]), int(row[6])
+        one = src[off:off + h * w * 3].view(1, h, w, 3)
+        outs.append(sample(one, plan[k:k + 1], scale, shift, cfg.size, dtype, cfg.channels_last))
+    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    return torch.cat(outs).contiguous(memory_format=fmt)
+
+
+def plan_tensor(plan: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host plan on device: through pinned memory and a non-blocking copy on CUDA (no host sync)."""
+    t = torch.from_numpy(plan)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def augment_batch(images: torch.Tensor, cfg: AugmentConfig, seed: int | torch.Generator | None = None
+                  ) -> torch.Tensor:
+    """uint8 (N, H, W, C) on any device -> normalised (N, C, size, size) in cfg.dtype.
+
+    seed: the batch's seed (batch_seed), or a torch.Generator whose initial seed is used."""
+    if isinstance(seed, torch.Generator):
+        seed = seed.initial_seed()
+    n, h, w, _ = images.shape
+    plan = draw_plan(cfg, seed or 0, np.full(n, h), np.full(n, w))
+    return apply_plan(images.contiguous(), plan_tensor(plan, images.device), cfg)
 
 
 def batch_seed(seed: int, epoch: int, batch: int) -> int:

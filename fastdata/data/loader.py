@@ -26,7 +26,8 @@ import torch
 
 from .._util import human_bytes, memory_budget, parse_size
 from ..errors import CacheFormatError, LoaderError
-from .augment import AugmentConfig, augment_batch, batch_seed
+from .augment import AugmentConfig, apply_plan, batch_seed
+from .crop import PLAN_COLUMNS, draw_plan
 from .batch import Batch, Coverage, Resumable
 from .order import OrderConfig, SampleOrder, resolve_rank_world
 from .reader import Cache, open_cache
@@ -92,7 +93,6 @@ class FastLoader(Resumable):
         self.order = SampleOrder([s.count for s in m.shards], cfg.batch_size, ocfg, cfg.drop_last)
         self.coverage_audit = Coverage(len(cache))
         self.source = f"cache-{m.kind}"
-        self._gen = torch.Generator(device=self.device)
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._pool, self._ring, self._submitted, self._token = None, None, 0, None
         self._inflight: deque = deque()   # reads (and copies) made ahead, oldest first
@@ -121,30 +121,44 @@ class FastLoader(Resumable):
     def _slots(self, n: int) -> list[dict]:
         shape = (self.cfg.batch_size, *self.cache.sample_shape)
         pin = self.device.type == "cuda"
+        plan = (self.cfg.batch_size, PLAN_COLUMNS)
         return [{"images": torch.empty(shape, dtype=torch.uint8, pin_memory=True) if pin else _host_images(shape),
                  "labels": torch.empty(self.cfg.batch_size, dtype=torch.int64, pin_memory=pin),
+                 "plan": torch.empty(plan, dtype=torch.float64, pin_memory=pin),
                  "copied": None} for _ in range(n)]
+
+    def _read(self, key, idx: np.ndarray, slot: dict) -> None:
+        """Reader thread: gather the batch into its slot and draw its augmentation plan beside it, so
+        the GPU side of a batch is one copy and one kernel (crop.py)."""
+        fill_batch(self.cache, idx, slot, self.cfg.read)
+        aug = self.cfg.augment
+        if aug is not None:
+            h, w = self.cache.sample_shape[:2]
+            n = len(idx)
+            plan = draw_plan(aug, batch_seed(self.cfg.seed, key[0], key[1] // self.cfg.batch_size),
+                             np.full(n, h), np.full(n, w))
+            slot["plan"][:n].copy_(torch.from_numpy(plan))
 
     def _to_device(self, slot: dict, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._stream is None:  # CPU: hand out fresh tensors, the slot is not reused
-            return slot["images"][:n], slot["labels"][:n]
+            return slot["images"][:n], slot["labels"][:n], slot["plan"][:n]
         with torch.cuda.stream(self._stream):
             images = slot["images"][:n].to(self.device, non_blocking=True)
             labels = slot["labels"][:n].to(self.device, non_blocking=True)
+            plan = slot["plan"][:n].to(self.device, non_blocking=True) if self.cfg.augment else None
             copied = torch.cuda.Event()
             copied.record(self._stream)
         slot["copied"] = copied          # the reader that refills this slot waits on it
         main = torch.cuda.current_stream(self.device)
         main.wait_event(copied)          # GPU-side wait: no host sync
-        images.record_stream(main)
-        labels.record_stream(main)
-        return images, labels
+        for t in (images, labels, plan):
+            if t is not None:
+                t.record_stream(main)
+        return images, labels, plan
 
-    def _finish(self, images, labels, indices, batch_no: int) -> Batch:
-        aug = self.cfg.augment
-        if aug is not None:
-            self._gen.manual_seed(batch_seed(self.cfg.seed, self.order.epoch, batch_no))
-            images = augment_batch(images, aug, self._gen)
+    def _finish(self, images, labels, plan, indices) -> Batch:
+        if self.cfg.augment is not None:
+            images = apply_plan(images, plan, self.cfg.augment)
         return Batch(images, labels, torch.from_numpy(indices), self.source)
 
     # ---- reading ahead, across epoch ends -------------------------------------------------------
@@ -181,7 +195,7 @@ class FastLoader(Resumable):
         self._submitted += 1
         if self._streamer is not None and key[0] == self._pass[0]:   # (reads into the next epoch: on demand)
             self._streamer.submitted((key[1] - self._pass[1]) // self.cfg.batch_size)
-        fut = self._pool.submit(fill_batch, self.cache, idx, slot, self.cfg.read)
+        fut = self._pool.submit(self._read, key, idx, slot)
         self._inflight.append({"key": key, "idx": idx, "slot": slot, "fut": fut, "out": None})
 
     def _copy(self, ent, batch_no: int) -> None:
@@ -223,9 +237,8 @@ class FastLoader(Resumable):
         self.order.next_epoch()
 
     def _emit(self, item):
-        idx, images, labels = item
-        batch_no = self.order.position // self.cfg.batch_size
-        batch = self._finish(images, labels, idx, batch_no)
+        idx, images, labels, plan = item
+        batch = self._finish(images, labels, plan, idx)
         self._yielded(idx)
         yield batch
 
