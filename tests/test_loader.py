@@ -171,12 +171,13 @@ def test_fused_augment_equals_eager_including_a_partial_batch():
         assert torch.allclose(fused, eager, atol=1e-3)
 
 
-def test_make_loader_passes_fused_augment_to_the_cache_loader(raw_cache):
+def test_make_loader_passes_kernel_and_dtype_to_the_cache_loader(raw_cache):
     from fastdata.data.select import make_loader
 
-    for fused in (False, True):
-        dl = make_loader(raw_cache, 8, device="cpu", image_size=32, fused_augment=fused)
-        assert dl.cfg.augment.fused is fused and dl.cfg.augment.size == 32
+    for kernel in ("eager", "compiled"):
+        dl = make_loader(raw_cache, 8, device="cpu", image_size=32, kernel=kernel, dtype="bfloat16")
+        assert dl.cfg.augment.kernel == kernel and dl.cfg.augment.size == 32
+        assert next(iter(dl)).images.dtype == torch.bfloat16
 
 
 def test_cache_dataset_in_plain_dataloader_with_workers(raw_cache):

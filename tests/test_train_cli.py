@@ -173,3 +173,24 @@ def test_h5_shard_with_object_references_is_refused(raw_cache, tmp_path):
     _forge_manifest(cache, cache / "shard-00000.h5")
     with pytest.raises(CacheFormatError, match="shard-00000.h5: cannot open shard .*not a fastdata shard"):
         CacheDataset(cache).cache.shard(0)
+
+
+@pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16),
+                                             ("fp32", torch.float32)])
+def test_train_ships_batches_in_the_precision_dtype(raw_cache, tmp_path, monkeypatch, precision, dtype):
+    """--precision bf16 used to ship float32 batches (issue #20): the loader's dtype follows it."""
+    import fastdata.data.select as select
+
+    seen = []
+    real = select.make_loader
+
+    def spy(*args, **kw):
+        dl = real(*args, **kw)
+        seen.append(next(iter(dl)).images.dtype)
+        return dl
+
+    monkeypatch.setattr(select, "make_loader", spy)
+    args = _train(raw_cache, tmp_path / "ck", "--steps", "1")
+    args[args.index("--precision") + 1] = precision
+    assert main(args) == 0
+    assert seen == [dtype]

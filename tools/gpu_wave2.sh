@@ -23,6 +23,16 @@ stage_oor() {   # no cgroup where the runtime has none: the loader is then given
         --rows ${OOR_ROWS:-stream} --work /tmp/oor 2>&1 | tail -12
     cp benchmarks/results/out-of-ram-*H200* benchmarks/results/loader-*H200* "$RES"/ 2>/dev/null
 }
+stage_augtests() {
+    $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider -k "augment or fast_loader" 2>&1 | tee "$RES/gpu-tests-augment.txt" | tail -15
+}
+stage_augment() {
+    $PY benchmarks/augment.py --out "$RES" 2>&1 | tail -12
+}
+stage_zoo() {       # MODELS=resnet18,resnet50 ZOO_ARGS="--profile"
+    timeout ${ZOO_TIMEOUT:-420} $PY benchmarks/models.py --models ${MODELS:-resnet18} --work /tmp/zoo --out "$RES" \
+        ${ZOO_ARGS:-} 2>&1 | grep -v "Warning\|warn(" | tail -60
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 for s in "$@"; do
     echo "=== stage $s ($(date +%T))"

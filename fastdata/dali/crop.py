@@ -1,25 +1,18 @@
-"""Per-image crop boxes for decoders that yield images of different sizes (nvJPEG, PIL)."""
-from __future__ import annotations
+"""Per-image crop boxes for decoders that yield images of different sizes (nvJPEG, PIL).
 
-import math
+The boxes come from data/crop.py, the one implementation of torchvision's RandomResizedCrop
+distribution (and the eval centre crop) that the cache loader's plans use too."""
+from __future__ import annotations
 
 import numpy as np
 
 from ..data.augment import AugmentConfig
+from ..data.crop import centre_boxes, random_boxes
 
 
 def crop_box(h: int, w: int, cfg: AugmentConfig, rng: np.random.Generator) -> tuple[int, int, int, int]:
-    """(top, left, height, width): RandomResizedCrop (10 tries, then centre) or the eval centre crop."""
-    if not cfg.train:
-        side = max(1, round(min(h, w) * cfg.crop_fraction))
-        return (h - side) // 2, (w - side) // 2, side, side
-    area = h * w
-    lo, hi = math.log(cfg.ratio[0]), math.log(cfg.ratio[1])
-    for _ in range(10):
-        target = area * rng.uniform(*cfg.scale)
-        r = math.exp(rng.uniform(lo, hi))
-        cw, ch = round(math.sqrt(target * r)), round(math.sqrt(target / r))
-        if 0 < cw <= w and 0 < ch <= h:
-            return int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1)), ch, cw
-    side = min(h, w)
-    return (h - side) // 2, (w - side) // 2, side, side
+    """(top, left, height, width): RandomResizedCrop (10 tries, then torchvision's centre fallback) or
+    the eval centre crop."""
+    hs, ws = np.array([h]), np.array([w])
+    box = random_boxes(rng, hs, ws, cfg.scale, cfg.ratio) if cfg.train else centre_boxes(hs, ws, cfg.crop_fraction)
+    return tuple(int(v) for v in box[0])

@@ -24,14 +24,14 @@ def num_classes(path: str | Path) -> int:
 
 
 def make_loader(path, batch_size: int, *, backend: str = "auto", image_size: int = 224, seed: int = 0,
-                device: str = "auto", dtype: str = "float32", fused_augment: bool = False, **options):
+                device: str = "auto", dtype: str = "float32", kernel: str = "auto", **options):
     """cache -> fastdata.loader; image folder or JPEG cache with dali|nvjpeg|cpu -> GPU/CPU decode.
 
-    fused_augment: the cache loader's GPU augmentation compiled into one kernel (AugmentConfig.fused;
-    0.6 vs 1.4 ms per 256-image batch on the H200, +2% end to end for compiled ResNet-50)."""
+    dtype: the batch dtype (EngineConfig.batch_dtype: the engine's autocast dtype); kernel: the cache
+    loader's augmentation kernel (AugmentConfig.kernel)."""
     if backend not in BACKENDS:
         raise FastdataError(f"backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    aug = AugmentConfig(size=image_size, dtype=dtype, fused=fused_augment)
+    aug = AugmentConfig(size=image_size, dtype=dtype, kernel=kernel)
     if backend == "cache" or (backend == "auto" and is_cache(path) and load_manifest(path).kind == "raw"):
         from .loader import loader
 

@@ -114,10 +114,8 @@ def run_train(a) -> int:
     classes = num_classes(a.data)
     engine = Engine(resolve_model(a.model, classes), cfg)
     bs, curve = (auto_batch(engine, a.image_size, classes) if a.batch_size == "auto" else (int(a.batch_size), None))
-    # a compiled GPU run compiles the augmentation too: its few seconds are nothing beside the model's
-    fused = cfg.compile != "off" and engine.device.type == "cuda"
     loader = make_loader(a.data, int(bs), backend=a.backend, image_size=a.image_size, seed=a.seed,
-                         device=str(engine.device), fused_augment=fused)
+                         device=str(engine.device), dtype=cfg.batch_dtype)
     resume = _resume_path(a, cfg)
     if resume:
         engine.load(resume, loader, trust=a.trust_checkpoint)

@@ -30,6 +30,12 @@ class EngineConfig:
     ckpt_every: int = 0                # optimizer steps; 0: only at the end of fit()
     seed: int = 0
 
+    @property
+    def batch_dtype(self) -> str:
+        """The dtype batches should arrive in: the autocast dtype, so no cast runs before the first layer
+        and half the bytes cross the augmentation's output (fp32 and tf32 train in float32)."""
+        return {"bf16": "bfloat16", "fp16": "float16"}.get(self.precision, "float32")
+
     def validate(self) -> None:
         checks = [
             (self.precision in PRECISIONS, f"precision={self.precision!r}: choose one of {PRECISIONS}"),

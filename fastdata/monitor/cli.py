@@ -81,10 +81,10 @@ def _engine_run(a):
     from ..engine.models import resolve_model
     from .doctor import run_doctor
 
-    engine = Engine(resolve_model(a.model, num_classes(a.data)),
-                    EngineConfig(precision=a.precision, compile=a.compile, log_every=10**6))
+    cfg = EngineConfig(precision=a.precision, compile=a.compile, log_every=10**6)
+    engine = Engine(resolve_model(a.model, num_classes(a.data)), cfg)
     loader = make_loader(a.data, a.batch_size, backend=a.backend, image_size=a.image_size,
-                         device=str(engine.device))
+                         device=str(engine.device), dtype=cfg.batch_dtype)
     return run_doctor(engine, loader, a.seconds)
 
 
