@@ -33,6 +33,10 @@ stage_zoo() {       # MODELS=resnet18,resnet50 ZOO_ARGS="--profile"
     timeout ${ZOO_TIMEOUT:-420} $PY benchmarks/models.py --models ${MODELS:-resnet18} --work /tmp/zoo --out "$RES" \
         ${ZOO_ARGS:-} 2>&1 | grep -v "Warning\|warn(" | tail -60
 }
+stage_probe() {     # PROBE_MODEL=resnet18
+    timeout ${PROBE_TIMEOUT:-240} $PY benchmarks/host_probe.py --model ${PROBE_MODEL:-resnet18} --work /tmp/zoo \
+        --out "$RES" 2>&1 | grep -v "Warning\|warn(" | tail -25
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 for s in "$@"; do
     echo "=== stage $s ($(date +%T))"

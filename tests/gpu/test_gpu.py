@@ -53,7 +53,7 @@ def test_triton_augment_equals_eager_on_fixed_and_packed_shapes(dtype):
     from fastdata.data.augment import apply_plan, plan_tensor
     from fastdata.data.crop import draw_plan
 
-    tol = 1e-4 if dtype == "float32" else 0.05
+    tol = 1e-3 if dtype == "float32" else 0.05   # float32: coordinate rounding, 0.06 of a grey level
     img = torch.randint(0, 255, (37, 200, 300, 3), dtype=torch.uint8, device="cuda")
     for train in (True, False):
         cfg = {k: AugmentConfig(size=224, dtype=dtype, train=train, kernel=k) for k in ("triton", "eager")}

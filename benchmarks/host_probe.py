@@ -1,0 +1,136 @@
+"""Where a host-bound loop loses time to the loader: one model, one plain loop, many loader variants.
+
+    python benchmarks/host_probe.py [--model resnet18] [--seconds 4] [--out DIR]
+
+A compiled ResNet-18 step of 256 images takes ~14 ms on the H200 and the host needs nearly as long
+to launch it, so every millisecond the loader costs the main thread, directly or by taking the GIL
+from it, is lost. Each row runs the same compiled loop and reports img/s, its ratio to a synthetic
+batch, and per step the host milliseconds spent in next(loader) and in the rest of the step (the
+launches). Variants separate the loader's parts: no augmentation, the augmentation alone on a
+uint8 batch already on the GPU, reader thread counts, the kernels, the GIL switch interval.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from _common import write
+from models import SyntheticBatches, forever, make_data, make_model
+
+log = logging.getLogger("host_probe")
+
+
+def loop(model, opt, batches, seconds: float, warmup: int = 15, images_of=None) -> dict:
+    it = iter(batches)
+    t_next = t_rest = 0.0
+
+    def step():
+        nonlocal t_next, t_rest
+        t0 = time.perf_counter()
+        batch = next(it)
+        t1 = time.perf_counter()
+        x = images_of(batch) if images_of else batch[0]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), batch[1])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t_next, t_rest = t_next + t1 - t0, t_rest + time.perf_counter() - t1
+        return len(batch[1])
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    t_next = t_rest = 0.0
+    n = steps = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        n += step()
+        steps += 1
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    return {"img/s": n / wall, "ms/step": wall / steps * 1e3, "next() ms": t_next / steps * 1e3,
+            "launch ms": t_rest / steps * 1e3}
+
+
+def augment_only(bs: int):
+    """A uint8 batch on the GPU augmented every step by the loader's kernel, plan drawn per step."""
+    from fastdata.data.augment import AugmentConfig, apply_plan, plan_tensor
+    from fastdata.data.crop import draw_plan
+
+    x = torch.randint(0, 256, (bs, 256, 256, 3), dtype=torch.uint8, device="cuda")
+    y = torch.randint(0, 100, (bs,), device="cuda")
+    cfg = AugmentConfig(size=224, dtype="bfloat16")
+    k = 0
+    while True:
+        k += 1
+        plan = plan_tensor(draw_plan(cfg, k, np.full(bs, 256), np.full(bs, 256)), x.device)
+        yield apply_plan(x, plan, cfg), y
+
+
+def main() -> None:
+    import fastdata
+    from fastdata.data.augment import AugmentConfig
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--per-class", type=int, default=1000)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.backends.cudnn.benchmark = True
+    src, raw = make_data(a, Path(a.work or tempfile.mkdtemp(prefix="fastdata-probe-")))
+    bs, dev = a.batch_size, torch.device("cuda")
+    model = make_model(a.model).to(dev, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model = torch.compile(model)
+    syn = SyntheticBatches(bs, dev)
+
+    def fd(**kw):
+        aug = kw.pop("augment", AugmentConfig(size=224, dtype="bfloat16", kernel=kw.pop("kernel", "auto")))
+        return forever(fastdata.loader(raw, bs, device="cuda", augment=aug, drop_last=True,
+                                       **{"threads": 8, **kw}))
+
+    variants = [
+        ("synthetic bf16 batch", lambda: forever(syn), None),
+        ("augment only (uint8 on GPU, triton)", lambda: augment_only(bs), None),
+        ("loader, augment off (synthetic x)", lambda: fd(augment=None), lambda b: syn.x),
+        ("loader triton, 8 threads", lambda: fd(), None),
+        ("loader triton, 4 threads", lambda: fd(threads=4), None),
+        ("loader triton, 2 threads", lambda: fd(threads=2), None),
+        ("loader compiled kernel, 8 threads", lambda: fd(kernel="compiled"), None),
+        ("loader eager kernel, 8 threads", lambda: fd(kernel="eager"), None),
+        ("loader triton, switch interval 0.2 ms", "switch", None),
+    ]
+    rows = []
+    for name, make, images_of in variants:
+        if make == "switch":
+            old = sys.getswitchinterval()
+            sys.setswitchinterval(0.0002)
+            r = loop(model, opt, fd(), a.seconds)
+            sys.setswitchinterval(old)
+        else:
+            r = loop(model, opt, make(), a.seconds, images_of=images_of)
+        rows.append({"variant": name, **r})
+        log.info("%s: %s", name, r)
+    base = rows[0]["img/s"]
+    for r in rows:
+        r["vs synthetic"] = f"{r['img/s'] / base:.1%}"
+    write(f"host-probe-{a.model}", rows, ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms"],
+          f"{a.model}, batch {bs}, bf16, compile default, plain loop; {a.seconds:.0f} s per row. Rerun: "
+          f"`python benchmarks/host_probe.py --model {a.model}`.", Path(a.out) if a.out else None)
+
+
+if __name__ == "__main__":
+    main()
