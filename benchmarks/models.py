@@ -136,7 +136,7 @@ def engine_rows(a, name, data: dict, device) -> list[dict]:
     from fastdata.engine.engine import Engine
 
     rows = []
-    for graph in (False, True):
+    for graph in {"both": (False, True), "graph": (True,), "compile": (False,)}[a.engine_modes]:
         torch.manual_seed(0)
         eng = Engine(make_model(name), EngineConfig(precision="bf16", compile="default", cuda_graph=graph,
                                                     log_every=10**6))
@@ -204,6 +204,8 @@ def main() -> None:
     ap.add_argument("--kernel", default="auto", help="fastdata.loader augmentation kernel")
     ap.add_argument("--no-dataloader", dest="dataloader", action="store_false")
     ap.add_argument("--no-engine", dest="engine", action="store_false")
+    ap.add_argument("--engine-modes", default="both", choices=["both", "graph", "compile"],
+                    help="Engine rows: compile, compile + CUDA graph, or both")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--merge", nargs="*", default=None, help="result JSONs to merge into one table + chart")
     ap.add_argument("--work", default=None)
