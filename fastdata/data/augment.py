@@ -107,11 +107,10 @@ def _fused_sample():
     return _FUSED[0]
 
 
-def apply_plan(src: torch.Tensor, plan: torch.Tensor, cfg: AugmentConfig,
-               shape: tuple[int, int] | None = None) -> torch.Tensor:
+def apply_plan(src: torch.Tensor, plan: torch.Tensor, cfg: AugmentConfig) -> torch.Tensor:
     """Augment a batch by its plan (crop.draw_plan), both on the same device.
 
-    src: uint8 NHWC (n, H, W, 3) when every sample has one shape (pass shape=None), or a flat uint8
+    src: uint8 NHWC (n, H, W, 3) when every sample has one shape, or a flat uint8
     buffer of samples packed end to end at the plan's offsets (variable shapes). Returns
     (n, 3, size, size) in cfg.dtype, channels_last when cfg.channels_last."""
     dtype = getattr(torch, cfg.dtype)
