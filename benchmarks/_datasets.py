@@ -11,8 +11,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from fastdata.cache.sources import discover
-from fastdata.data.augment import AugmentConfig, IMAGENET_MEAN, IMAGENET_STD
-from fastdata.dali.crop import crop_box
+from fastdata.read.augment import AugmentConfig, IMAGENET_MEAN, IMAGENET_STD
+from fastdata.read.crop_box import crop_box
 
 _MEAN = np.array(IMAGENET_MEAN, np.float32).reshape(3, 1, 1) * 255
 _STD = np.array(IMAGENET_STD, np.float32).reshape(3, 1, 1) * 255

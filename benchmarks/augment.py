@@ -41,8 +41,8 @@ def time_ms(fn, reps: int, device: torch.device) -> float:
 
 
 def main() -> None:
-    from fastdata.data.augment import AugmentConfig, apply_plan, plan_tensor
-    from fastdata.data.crop import draw_plan
+    from fastdata.read.augment import AugmentConfig, apply_plan, plan_tensor
+    from fastdata.read.crop import draw_plan
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch-size", type=int, default=256)

@@ -3,7 +3,7 @@
     python benchmarks/dali_crop.py [--per-class 40] [--seconds 6] [--device cpu|auto]
 
 crop="plan" feeds each sample's crop/flip draws from (seed, epoch, batch) and computes the window in
-the DALI graph (fastdata/dali/dali_crop.py), so a resumed run decodes the same pixels; crop="dali"
+the DALI graph (fastdata/read/backends/dali_crop.py), so a resumed run decodes the same pixels; crop="dali"
 uses DALI's own random crop operator. Rows alternate (plan, dali, plan, dali) in one run.
 """
 from __future__ import annotations

@@ -63,8 +63,8 @@ def loop(model, opt, batches, seconds: float, warmup: int = 15, images_of=None) 
 
 def augment_only(bs: int):
     """A uint8 batch on the GPU augmented every step by the loader's kernel, plan drawn per step."""
-    from fastdata.data.augment import AugmentConfig, apply_plan, plan_tensor
-    from fastdata.data.crop import draw_plan
+    from fastdata.read.augment import AugmentConfig, apply_plan, plan_tensor
+    from fastdata.read.crop import draw_plan
 
     x = torch.randint(0, 256, (bs, 256, 256, 3), dtype=torch.uint8, device="cuda")
     y = torch.randint(0, 100, (bs,), device="cuda")
@@ -78,7 +78,7 @@ def augment_only(bs: int):
 
 def main() -> None:
     import fastdata
-    from fastdata.data.augment import AugmentConfig
+    from fastdata.read.augment import AugmentConfig
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="resnet18")

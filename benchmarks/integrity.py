@@ -1,4 +1,4 @@
-"""What the loader's integrity modes cost (fastdata/data/integrity.py): img/s with off / shard / sample.
+"""What the loader's integrity modes cost (fastdata/read/integrity.py): img/s with off / shard / sample.
 
     python benchmarks/integrity.py [--per-class 100] [--size 224] [--seconds 5] [--work DIR]
 

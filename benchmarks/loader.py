@@ -30,7 +30,7 @@ def _make(row: str, src: Path, raw: Path, jpeg: Path, bs: int, device):
     import fastdata
     from _datasets import PilFolder
     from fastdata._util import usable_cpus
-    from fastdata.data.augment import AugmentConfig
+    from fastdata.read.augment import AugmentConfig
 
     cuda = device.type == "cuda"
     aug = AugmentConfig(size=224, dtype="bfloat16") if cuda else None
@@ -85,8 +85,8 @@ def gather_ceiling(raw: Path, bs: int, seconds: float, threads: int, pin: bool) 
     import numpy as np
     import torch
 
-    from fastdata.data.fill import fill_batch
-    from fastdata.data.reader import open_cache
+    from fastdata.read.fill import fill_batch
+    from fastdata.read.reader import open_cache
 
     cache = open_cache(raw)
     n, counts, stop = len(cache), [0] * threads, threading.Event()

@@ -105,7 +105,7 @@ def make_data(a, work: Path):
 def loaders(a, src: Path, raw: Path, device):
     import fastdata
     from _datasets import PilFolder
-    from fastdata.data.augment import AugmentConfig
+    from fastdata.read.augment import AugmentConfig
     from torch.utils.data import DataLoader
 
     aug = AugmentConfig(size=224, dtype="bfloat16", kernel=a.kernel)

@@ -15,8 +15,8 @@ log = logging.getLogger("fastdata.demo")
 def run_demo(out: str | Path = "sample", per_class: int = 24, steps: int = 20) -> dict:
     from .cache.build import BuildConfig, build_cache
     from .cache.verify import verify_cache
-    from .data.augment import AugmentConfig
-    from .data.loader import loader
+    from .read.augment import AugmentConfig
+    from .read.loader import loader
     from .sample import make_image_folder
 
     out = Path(out)

@@ -4,7 +4,7 @@ import sys
 import torch
 
 import fastdata
-from fastdata.data.augment import AugmentConfig
+from fastdata.read.augment import AugmentConfig
 from fastdata.engine.config import EngineConfig
 from fastdata.engine.engine import Engine
 

@@ -7,7 +7,7 @@ import torch
 
 from fastdata.cache.build import BuildConfig, build_cache
 from fastdata.cache.codecs import CodecConfig, decode
-from fastdata.data.augment import AugmentConfig, normalize
+from fastdata.read.augment import AugmentConfig, normalize
 
 
 def build(src, dest, **kw):

@@ -18,7 +18,7 @@ from fastdata.cache.format import FORMAT_VERSION, load_manifest
 from fastdata.cache.merge import merge_caches
 from fastdata.cache.stage import stage_cache, unstage
 from fastdata.cache.verify import verify_cache
-from fastdata.data.dataset import CacheDataset
+from fastdata.read.dataset import CacheDataset
 from fastdata.errors import BuildError, CacheFormatError, SourceError
 from fastdata.sample import make_corrupt_zoo
 
@@ -147,7 +147,7 @@ def test_verify_names_damaged_shard_and_sample(image_folder, tmp_path):
     assert verify_cache(dest).ok
     m = load_manifest(dest)
     target = dest / m.shards[1].name
-    from fastdata.data.reader import open_shard
+    from fastdata.read.reader import open_shard
 
     shard = open_shard(target)
     # flip one byte inside sample 3's pixels, located through the h5 data offset

@@ -1,4 +1,4 @@
-"""Crop plans (fastdata/data/crop.py): torchvision's RandomResizedCrop distribution, determinism,
+"""Crop plans (fastdata/read/crop.py): torchvision's RandomResizedCrop distribution, determinism,
 and the plan applied to fixed-shape and packed variable-shape batches."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata.data.augment import AugmentConfig, apply_plan, augment_batch, plan_tensor
-from fastdata.data.crop import draw_plan, random_boxes
+from fastdata.read.augment import AugmentConfig, apply_plan, augment_batch, plan_tensor
+from fastdata.read.crop import draw_plan, random_boxes
 from fastdata.errors import LoaderError
 
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata.dali import choose_backend, decode_loader
-from fastdata.data.augment import AugmentConfig
+from fastdata.read.decode_verbs import choose_backend, decode_loader
+from fastdata.read.augment import AugmentConfig
 from fastdata.errors import LoaderError
 
 from helpers import check_resume, epoch_indices, pil_reference as _pil_reference
@@ -29,7 +29,7 @@ def test_center_crop_matches_pil_reference(image_folder, backend):
 
 
 def test_pil_fallback_matches_reference(image_folder, monkeypatch):
-    import fastdata.dali as dali_mod
+    import fastdata.read.decode_verbs as dali_mod
 
     monkeypatch.setattr(dali_mod, "dali_available", lambda: False)
     ref, labels = _pil_reference(image_folder)
@@ -139,7 +139,7 @@ def test_epochs_run_through_one_pipeline(image_folder, reader, pipelines):
 def test_native_reader_starts_a_new_files_list_where_the_last_ended(image_folder, monkeypatch):
     """A files list holds a bounded number of batches; the next pipeline continues the order exactly,
     also where a list ends inside an epoch."""
-    import fastdata.dali.plan as plan_mod
+    import fastdata.read.backends.dali_plan as plan_mod
 
     monkeypatch.setattr(plan_mod, "PLAN_SAMPLES", 48)    # 3 batches per files list, 7 batches per epoch
     make = lambda reader: decode_loader(image_folder, 16, backend="dali", image_size=32, device="cpu",  # noqa: E731
@@ -183,8 +183,8 @@ def test_plan_crop_statistics_match_random_resized_crop(image_folder):
     from nvidia import dali
     from nvidia.dali import fn, types
 
-    from fastdata.dali.dali_crop import crop_window, draws
-    from fastdata.data.augment import AugmentConfig
+    from fastdata.read.backends.dali_crop import crop_window, draws
+    from fastdata.read.augment import AugmentConfig
 
     files = sorted(str(p) for p in image_folder.rglob("*.jpg"))
     bs, batches = 40, 3

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import fastdata
-from fastdata.data.augment import AugmentConfig
+from fastdata.read.augment import AugmentConfig
 from fastdata.engine.batch_size import BatchSearchConfig, find_batch_size
 from fastdata.engine.config import EngineConfig
 from fastdata.engine.engine import Engine

@@ -1,13 +1,13 @@
-"""The one-call batch gather (fastdata/data/gather.py) returns what the shard-by-shard copy returns."""
+"""The one-call batch gather (fastdata/read/gather.py) returns what the shard-by-shard copy returns."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from fastdata.data.fill import fill_batch
-from fastdata.data.gather import build_table, gather
-from fastdata.data.reader import open_cache
+from fastdata.read.fill import fill_batch
+from fastdata.read.gather import build_table, gather
+from fastdata.read.reader import open_cache
 
 
 def _fill(cache, idx, table: bool):

@@ -7,8 +7,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import fastdata
-from fastdata.data.augment import AugmentConfig, augment_batch
-from fastdata.data.dataset import CacheDataset
+from fastdata.read.augment import AugmentConfig, augment_batch
+from fastdata.read.dataset import CacheDataset
 from fastdata.errors import CacheFormatError, LoaderError
 
 from helpers import check_resume, epoch_indices
@@ -172,7 +172,7 @@ def test_fused_augment_equals_eager_including_a_partial_batch():
 
 
 def test_make_loader_passes_kernel_and_dtype_to_the_cache_loader(raw_cache):
-    from fastdata.data.select import make_loader
+    from fastdata.read.select import make_loader
 
     for kernel in ("eager", "compiled"):
         dl = make_loader(raw_cache, 8, device="cpu", image_size=32, kernel=kernel, dtype="bfloat16")
@@ -210,7 +210,7 @@ def test_dataloader_factory_defaults_and_autotune(raw_cache):
 def test_autotune_stays_within_the_usable_cpus(raw_cache, monkeypatch):
     import warnings
 
-    import fastdata.data.tune as tune
+    import fastdata.read.tune as tune
 
     monkeypatch.setattr(tune, "usable_cpus", lambda: 2)
     with warnings.catch_warnings():
@@ -226,7 +226,7 @@ def test_loader_refuses_variable_shapes_and_bad_args(image_folder, tmp_path):
     with pytest.raises(LoaderError, match="fixed-shape"):
         fastdata.loader(tmp_path / "v", 8, device="cpu")
     assert CacheDataset(tmp_path / "v")[0][0].shape[2] == 3
-    from fastdata.data.order import SampleOrder, OrderConfig
+    from fastdata.read.order import SampleOrder, OrderConfig
 
     with pytest.raises(LoaderError, match="positive batch size"):
         SampleOrder([10], 0, OrderConfig())

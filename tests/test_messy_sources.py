@@ -12,7 +12,7 @@ import pytest
 from fastdata.cache.merge import merge_caches
 from fastdata.cache.verify import verify_cache
 from fastdata.cli import main
-from fastdata.data.dataset import CacheDataset
+from fastdata.read.dataset import CacheDataset
 from fastdata.errors import BuildError, FastdataError, SourceError
 
 from helpers import build

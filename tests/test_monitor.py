@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import fastdata
-from fastdata.data.augment import AugmentConfig
+from fastdata.read.augment import AugmentConfig
 from fastdata.engine.config import EngineConfig
 from fastdata.engine.engine import Engine
 from fastdata.engine.models import SmallNet

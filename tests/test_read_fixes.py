@@ -8,7 +8,7 @@ from PIL import Image
 
 import fastdata
 from fastdata.cache.codecs import CodecConfig, decode
-from fastdata.data.augment import AugmentConfig, normalize
+from fastdata.read.augment import AugmentConfig, normalize
 from fastdata.errors import LoaderError
 
 from helpers import epoch_indices
@@ -17,7 +17,7 @@ from helpers import epoch_indices
 @pytest.fixture
 def pil_backend(monkeypatch):
     """backend="cpu" without DALI: the PIL decode path (DALI is installed in CI)."""
-    import fastdata.dali as dali
+    import fastdata.read.decode_verbs as dali
 
     monkeypatch.setattr(dali, "dali_available", lambda: False)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fastdata.dali.resize import crop_resize, pack
+from fastdata.read.backends.gpu_resize import crop_resize, pack
 
 
 def _chw(photo: np.ndarray) -> torch.Tensor:

@@ -10,7 +10,7 @@ import pytest
 import fastdata
 from fastdata.cache.format import load_manifest
 from fastdata.cli import main
-from fastdata.data.dataset import CacheDataset
+from fastdata.read.dataset import CacheDataset
 from fastdata.errors import FastdataError, LoaderError
 from fastdata.stores.fetch import RemoteConfig
 

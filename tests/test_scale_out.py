@@ -11,7 +11,7 @@ import pytest
 
 from fastdata.cache.format import load_manifest
 from fastdata.cache.verify import verify_cache
-from fastdata.data.dataset import CacheDataset
+from fastdata.read.dataset import CacheDataset
 
 from helpers import build, flaky_build_shard
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from fastdata.cache.codecs import CodecConfig, decode
-from fastdata.data.dataset import CacheDataset
+from fastdata.read.dataset import CacheDataset
 
 from helpers import build
 

@@ -140,7 +140,7 @@ def _forge_manifest(cache, shard) -> None:
 def test_crafted_pt_shard_is_refused_and_nothing_runs(pt_cache, tmp_path):
     import shutil
 
-    from fastdata.data.dataset import CacheDataset
+    from fastdata.read.dataset import CacheDataset
     from fastdata.errors import CacheFormatError
 
     cache = tmp_path / "c"
@@ -161,7 +161,7 @@ def test_h5_shard_with_object_references_is_refused(raw_cache, tmp_path):
 
     import h5py
 
-    from fastdata.data.dataset import CacheDataset
+    from fastdata.read.dataset import CacheDataset
     from fastdata.errors import CacheFormatError
 
     cache = tmp_path / "c"
@@ -179,7 +179,7 @@ def test_h5_shard_with_object_references_is_refused(raw_cache, tmp_path):
                                              ("fp32", torch.float32)])
 def test_train_ships_batches_in_the_precision_dtype(raw_cache, tmp_path, monkeypatch, precision, dtype):
     """--precision bf16 used to ship float32 batches (issue #20): the loader's dtype follows it."""
-    import fastdata.data.select as select
+    import fastdata.read.select as select
 
     seen = []
     real = select.make_loader

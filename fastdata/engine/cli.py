@@ -102,7 +102,7 @@ def _stop_on_signals(engine):
 
 
 def run_train(a) -> int:
-    from ..data.select import make_loader, num_classes
+    from ..read.select import make_loader, num_classes
     from .checkpoint import seed_everything
     from .engine import Engine
     from .models import resolve_model

@@ -7,8 +7,8 @@ from pathlib import Path
 def train_demo(cache: Path, steps: int) -> dict:
     import torch
 
-    from ..data.augment import AugmentConfig
-    from ..data.loader import loader
+    from ..read.augment import AugmentConfig
+    from ..read.loader import loader
     from .config import EngineConfig
     from .engine import Engine
     from .models import SmallNet

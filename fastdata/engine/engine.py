@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..data.augment import AugmentConfig, augment_batch
+from ..read.augment import AugmentConfig, augment_batch
 from ..errors import EngineError
 from . import checkpoint as ckpt
 from .config import EngineConfig

@@ -75,7 +75,7 @@ def _window_gpu(sampler, window) -> dict:
 
 
 def _engine_run(a):
-    from ..data.select import make_loader, num_classes
+    from ..read.select import make_loader, num_classes
     from ..engine.config import EngineConfig
     from ..engine.engine import Engine
     from ..engine.models import resolve_model

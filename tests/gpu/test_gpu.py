@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import fastdata
-from fastdata.data.augment import AugmentConfig, augment_batch
-from fastdata.data.dataset import CacheDataset
+from fastdata.read.augment import AugmentConfig, augment_batch
+from fastdata.read.dataset import CacheDataset
 from fastdata.engine.config import EngineConfig
 from fastdata.engine.engine import Engine
 from fastdata.engine.models import SmallNet
@@ -50,8 +50,8 @@ def test_fused_gpu_augment_equals_eager():
 def test_triton_augment_equals_eager_on_fixed_and_packed_shapes(dtype):
     """The Triton kernel against the eager grid_sample reference, on one uint8 batch and on a packed
     buffer of variable-shape samples (a --resize short|max cache), the last partial block included."""
-    from fastdata.data.augment import apply_plan, plan_tensor
-    from fastdata.data.crop import draw_plan
+    from fastdata.read.augment import apply_plan, plan_tensor
+    from fastdata.read.crop import draw_plan
 
     tol = 1e-3 if dtype == "float32" else 0.05   # float32: coordinate rounding, 0.06 of a grey level
     img = torch.randint(0, 255, (37, 200, 300, 3), dtype=torch.uint8, device="cuda")
@@ -136,7 +136,7 @@ def test_nvjpeg_backend_matches_full_resolution_pil(image_folder):
     """nvJPEG decodes at full resolution then resizes; compare against PIL doing the same (the PIL
     loader backend decodes in draft mode, a coarser picture: 0.106 apart on an H100)."""
     pytest.importorskip("torchvision")
-    from fastdata.dali import decode_loader
+    from fastdata.read.decode_verbs import decode_loader
 
     ref, labels = pil_reference(image_folder)
     aug = AugmentConfig(size=64, train=False, crop_fraction=1.0)
@@ -151,7 +151,7 @@ def test_nvjpeg_backend_matches_full_resolution_pil(image_folder):
 
 def test_dali_mixed_matches_cpu_decode_and_keeps_order(image_folder):
     pytest.importorskip("nvidia.dali")
-    from fastdata.dali import decode_loader
+    from fastdata.read.decode_verbs import decode_loader
 
     kw = dict(image_size=64, seed=0, train=False, shuffle=False)
     gpu = list(decode_loader(image_folder, 16, backend="dali", **kw))
@@ -168,7 +168,7 @@ def test_dali_mixed_native_reader_and_feed_agree_across_epochs(image_folder):
     """The native file reader and the Python feed decode the same samples in the same order, two epochs
     running through one pipeline, labels on the GPU."""
     pytest.importorskip("nvidia.dali")
-    from fastdata.dali import decode_loader
+    from fastdata.read.decode_verbs import decode_loader
 
     kw = dict(image_size=64, seed=4, train=False)
     native = decode_loader(image_folder, 16, backend="dali", file_reader="native", **kw)

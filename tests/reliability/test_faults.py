@@ -15,7 +15,7 @@ import pytest
 import fastdata
 from fastdata.cache.format import load_manifest
 from fastdata.cache.verify import verify_cache
-from fastdata.data.dataset import CacheDataset
+from fastdata.read.dataset import CacheDataset
 from fastdata.errors import BuildError, LoaderError
 from fastdata.sample import make_corrupt_zoo
 
@@ -103,7 +103,7 @@ def test_every_single_byte_flip_is_found(image_folder, tmp_path):
 
 
 def test_reader_thread_failure_is_reported_with_cause(raw_cache, monkeypatch):
-    import fastdata.data.loader as loader_mod
+    import fastdata.read.loader as loader_mod
 
     def boom(cache, idx, slot, read):
         raise MemoryError("planted: could not allocate")

@@ -15,7 +15,7 @@ import pytest
 from fastdata.cache.format import canonical_sha256, load_manifest
 from fastdata.cache.verify import verify_cache
 from fastdata.cli import main
-from fastdata.data.dataset import CacheDataset
+from fastdata.read.dataset import CacheDataset
 from fastdata.errors import BuildError, CacheFormatError
 
 from helpers import build

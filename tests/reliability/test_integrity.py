@@ -6,8 +6,8 @@ import shutil
 import pytest
 
 import fastdata
-from fastdata.data.dataset import CacheDataset
-from fastdata.data.reader import open_shard
+from fastdata.read.dataset import CacheDataset
+from fastdata.read.reader import open_shard
 from fastdata.errors import CacheFormatError, LoaderError
 
 from helpers import epoch_indices

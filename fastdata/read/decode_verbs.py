@@ -8,7 +8,7 @@ import importlib.util
 
 import torch
 
-from ..data.augment import AugmentConfig
+from .augment import AugmentConfig
 from ..errors import FastdataError
 
 
@@ -45,8 +45,8 @@ def decode_loader(path, batch_size: int, *, backend: str = "auto", image_size: i
     the GPU; cpu: DALI's CPU pipeline when installed, else PIL in threads. Batch.source says which ran.
     augment, if given, replaces the AugmentConfig built from image_size/dtype/train.
     """
-    from ..data.order import resolve_rank_world
-    from .source import EncodedSource
+    from .order import resolve_rank_world
+    from .encoded import EncodedSource
 
     aug = augment or AugmentConfig(size=image_size, dtype=dtype, train=train)
     r, w = resolve_rank_world(rank, world_size)
@@ -55,11 +55,11 @@ def decode_loader(path, batch_size: int, *, backend: str = "auto", image_size: i
     if chosen == "cpu" and dali_available():
         chosen, device = "dali", "cpu"
     if chosen == "dali":
-        from .pipeline import DaliConfig, DaliLoader
+        from .backends.dali import DaliConfig, DaliLoader
 
         return DaliLoader(source, DaliConfig(batch_size, aug, device, seed, rank=r, world_size=w, **options))
     if chosen in ("nvjpeg", "cpu"):
-        from .decode import DecodeConfig, DecodeLoader
+        from .backends.decode import DecodeConfig, DecodeLoader
 
         dev = device if device != "auto" else ("cuda" if chosen == "nvjpeg" else "cpu")
         decoder = "nvjpeg" if chosen == "nvjpeg" else "pil"

@@ -20,14 +20,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..data.augment import AugmentConfig, normalize
-from ..data.batch import Batch, Coverage, Resumable
-from ..data.order import OrderConfig, SampleOrder
-from ..cache.codecs import open_rgb
-from ..errors import DependencyError, LoaderError, SampleError
-from .crop import crop_box
-from .resize import crop_resize, pack
-from .source import EncodedSource
+from ..augment import AugmentConfig, normalize
+from ..batch import Batch, Coverage, Resumable
+from ..order import OrderConfig, SampleOrder
+from ...cache.codecs import open_rgb
+from ...errors import DependencyError, LoaderError, SampleError
+from ..crop_box import crop_box
+from .gpu_resize import crop_resize, pack
+from ..encoded import EncodedSource
 
 
 @dataclass(frozen=True)

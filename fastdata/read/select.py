@@ -36,7 +36,7 @@ def make_loader(path, batch_size: int, *, backend: str = "auto", image_size: int
         from .loader import loader
 
         return loader(path, batch_size, device=device, seed=seed, augment=aug, **options)
-    from ..dali import decode_loader
+    from .decode_verbs import decode_loader
 
     return decode_loader(path, batch_size, backend=backend, image_size=image_size, seed=seed, device=device,
                          dtype=dtype, **options)

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from ..data.augment import AugmentConfig
+from ..augment import AugmentConfig
 
 TRIES = 10
 

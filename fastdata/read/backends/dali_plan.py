@@ -29,10 +29,10 @@ from typing import Iterator
 
 import numpy as np
 
-from ..data.order import SampleOrder
-from ..errors import LoaderError
+from ..order import SampleOrder
+from ...errors import LoaderError
 from .dali_crop import draws
-from .source import EncodedSource
+from ..encoded import EncodedSource
 
 # samples per files list of the native reader; a new pipeline is built after them. Measured on 2 CPU
 # cores: starting a pipeline over 262k files takes 0.37 s and peaks at +230 MB (1M: 1.9 s, +911 MB);

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from ..cache.sources import discover
-from ..data.reader import open_cache
-from ..data.select import is_cache
+from .reader import open_cache
+from .select import is_cache
 from ..errors import LoaderError
 
 

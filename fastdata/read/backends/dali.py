@@ -28,13 +28,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..data.augment import AugmentConfig
-from ..data.batch import Batch, Coverage, Resumable
-from ..data.order import OrderConfig, SampleOrder
-from ..errors import DependencyError, LoaderError
+from ..augment import AugmentConfig
+from ..batch import Batch, Coverage, Resumable
+from ..order import OrderConfig, SampleOrder
+from ...errors import DependencyError, LoaderError
 from .dali_crop import CropFeed, crop_window
-from .plan import Feeder, Planned, files_for, native_plan, plan
-from .source import EncodedSource, undecodable
+from .dali_plan import Feeder, Planned, files_for, native_plan, plan
+from ..encoded import EncodedSource, undecodable
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..data.augment import AugmentConfig
-from ..data.crop import centre_boxes, random_boxes
+from .augment import AugmentConfig
+from .crop import centre_boxes, random_boxes
 
 
 def crop_box(h: int, w: int, cfg: AugmentConfig, rng: np.random.Generator) -> tuple[int, int, int, int]:
