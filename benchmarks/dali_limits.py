@@ -64,7 +64,7 @@ def _rate(pipes: list, bs: int, seconds: float) -> float:
 
 def rows_for(a, files: list[str]):
     """(name, callable returning img/s) for every measured setting."""
-    from fastdata.read.decode_verbs import decode_loader
+    from fastdata.read.verbs import decode_loader
 
     bs, s, t = a.batch_size, a.seconds, a.threads
 

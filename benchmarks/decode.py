@@ -46,7 +46,7 @@ def settings(backends: list[str], gpu: bool) -> list[tuple[str, dict]]:
 
 def main() -> None:
     from fastdata._util import usable_cpus
-    from fastdata.read.decode_verbs import decode_loader
+    from fastdata.read.verbs import decode_loader
     from fastdata.read.hwjpeg import hardware_jpeg_decoder
     from fastdata.monitor.nvml import GpuSampler
 

@@ -61,7 +61,7 @@ def main() -> None:
         rate = drain(dl, a.seconds)
         row = {"mode": mode, "img/s": rate}
         if mode == "shard":
-            dl.cache._hasher.join()
+            dl.backend.cache._hasher.join()
             row["all shards hashed after s"] = time.perf_counter() - t0
         rows.append(row)
     for r in rows:

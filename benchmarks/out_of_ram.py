@@ -41,7 +41,7 @@ io1 = dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())
 cov = dl.coverage()
 print(json.dumps({"images": n, "seconds": dt, "read_bytes": int(io1["read_bytes"]) - int(io0["read_bytes"]),
                   "seen": cov["seen"], "repeated": cov["repeated"], "window": dl.order.cfg.window,
-                  "streaming": dl._streamer is not None}), flush=True)
+                  "streaming": dl.backend._streamer is not None}), flush=True)
 """
 
 

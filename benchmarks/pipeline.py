@@ -128,7 +128,7 @@ def _pil_rows(a, rows: Rows, eng: Engines, src: Path, info: dict, fit: dict) -> 
 
 def _dali_options(a) -> dict:
     """--dali-prefetch / --huffman-threshold / --hw-decoder-load for the DALI rows; nothing for others."""
-    from fastdata.read.decode_verbs import choose_backend
+    from fastdata.read.verbs import choose_backend
 
     if choose_backend(a.backend) != "dali" or not torch.cuda.is_available():
         return {}
@@ -138,7 +138,7 @@ def _dali_options(a) -> dict:
 
 def run(a, save) -> tuple[list[dict], dict]:
     import fastdata
-    from fastdata.read.decode_verbs import decode_loader
+    from fastdata.read.verbs import decode_loader
     from fastdata.read.augment import AugmentConfig
 
     work = Path(a.work or tempfile.mkdtemp(prefix="fastdata-pipeline-"))

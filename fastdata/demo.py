@@ -16,7 +16,7 @@ def run_demo(out: str | Path = "sample", per_class: int = 24, steps: int = 20) -
     from .cache.build import BuildConfig, build_cache
     from .cache.verify import verify_cache
     from .read.augment import AugmentConfig
-    from .read.loader import loader
+    from .read.verbs import loader
     from .sample import make_image_folder
 
     out = Path(out)

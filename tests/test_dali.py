@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata.read.decode_verbs import choose_backend, decode_loader
+from fastdata.read.verbs import choose_backend, decode_loader
 from fastdata.read.augment import AugmentConfig
 from fastdata.errors import LoaderError
 
@@ -29,7 +29,7 @@ def test_center_crop_matches_pil_reference(image_folder, backend):
 
 
 def test_pil_fallback_matches_reference(image_folder, monkeypatch):
-    import fastdata.read.decode_verbs as dali_mod
+    import fastdata.read.verbs as dali_mod
 
     monkeypatch.setattr(dali_mod, "dali_available", lambda: False)
     ref, labels = _pil_reference(image_folder)
@@ -112,8 +112,8 @@ def test_decode_failure_is_raised_with_the_source_path(image_folder, tmp_path):
 
 
 def _count_pipelines(dl) -> list:
-    built, start = [], dl._start
-    dl._start = lambda: (built.append(1), start())
+    built, start = [], dl.backend._start
+    dl.backend._start = lambda: (built.append(1), start())
     return built
 
 
@@ -125,7 +125,7 @@ def test_epochs_run_through_one_pipeline(image_folder, reader, pipelines):
     dl = decode_loader(image_folder, 16, backend="dali", image_size=32, device="cpu", seed=7, file_reader=reader,
                        pipelines=pipelines)
     built = _count_pipelines(dl)
-    labels = {i: item.label for i, item in enumerate(dl.encoded.items)}
+    labels = {i: item.label for i, item in enumerate(dl.backend.encoded.items)}
     for epoch in range(3):
         batches = list(dl)
         want = dl.order.epoch_batches(epoch, 0)

@@ -85,7 +85,7 @@ def test_planted_case_scripts_are_plain_user_scripts():
 def test_nvml_samples_are_kept_inside_the_scripts_window_only():
     from types import SimpleNamespace
 
-    from fastdata.monitor.cli import _window_gpu
+    from fastdata.cli.doctor import _window_gpu
 
     rows = [{"t": t, "duty_cycle": d, "sm_util": s} for t, d, s in
             [(9.5, 0.0, 0.0), (10.4, 50.0, 5.0), (10.9, 99.0, 2.0), (11.4, 97.0, 2.0), (12.5, 0.0, 0.0)]]

@@ -51,7 +51,7 @@ def test_shuffle_is_shard_aware_and_off_means_sequential(raw_cache):
     seq = np.concatenate(epoch_indices(fastdata.loader(raw_cache, 7, device="cpu", shuffle=False)))
     assert seq.tolist() == list(range(120))
     dl = fastdata.loader(raw_cache, 8, device="cpu", window=24)
-    starts = dl.cache.starts
+    starts = dl.backend.cache.starts
     for b in dl:  # with a window of 24 samples (~2 shards of 12), a batch spans few shards
         shards = np.unique(np.searchsorted(starts, b.indices.numpy(), side="right"))
         assert len(shards) <= 3
@@ -171,12 +171,14 @@ def test_fused_augment_equals_eager_including_a_partial_batch():
         assert torch.allclose(fused, eager, atol=1e-3)
 
 
-def test_make_loader_passes_kernel_and_dtype_to_the_cache_loader(raw_cache):
-    from fastdata.read.select import make_loader
+def test_run_loader_passes_kernel_and_dtype_to_the_cache_loader(raw_cache):
+    from fastdata.cli.assemble import RunConfig, build_loader
+    from fastdata.engine.config import EngineConfig
 
     for kernel in ("eager", "compiled"):
-        dl = make_loader(raw_cache, 8, device="cpu", image_size=32, kernel=kernel, dtype="bfloat16")
-        assert dl.cfg.augment.kernel == kernel and dl.cfg.augment.size == 32
+        run = RunConfig(data=str(raw_cache), image_size=32, kernel=kernel, engine=EngineConfig(precision="bf16"))
+        dl = build_loader(run, 8, "cpu", 0, 1)
+        assert dl.cfg.backend == "raw" and dl.cfg.augment.kernel == kernel and dl.cfg.augment.size == 32
         assert next(iter(dl)).images.dtype == torch.bfloat16
 
 
@@ -240,8 +242,8 @@ def test_cache_replaced_under_running_loader_is_detected(image_folder, tmp_path)
     dl = fastdata.loader(dest, 8, device="cpu", shuffle=False, prefetch=1, threads=1)
     it = iter(dl)
     next(it)
-    dl.cache.shard(dl.cache.num_shards - 1)  # mapped now, read at the end of the epoch
-    shard = dest / dl.cache.manifest.shards[-1].name
+    dl.backend.cache.shard(dl.backend.cache.num_shards - 1)  # mapped now, read at the end of the epoch
+    shard = dest / dl.backend.cache.manifest.shards[-1].name
     data = shard.read_bytes()
     shard.unlink()
     shard.write_bytes(data)  # same bytes, new file: a rebuild in place

@@ -17,7 +17,7 @@ from helpers import epoch_indices
 @pytest.fixture
 def pil_backend(monkeypatch):
     """backend="cpu" without DALI: the PIL decode path (DALI is installed in CI)."""
-    import fastdata.read.decode_verbs as dali
+    import fastdata.read.verbs as dali
 
     monkeypatch.setattr(dali, "dali_available", lambda: False)
 

@@ -49,7 +49,7 @@ def test_streaming_reads_every_sample_once_within_the_budget(big_cache):
     total = sum(p.stat().st_size for p in files)
     budget = total // 2                                           # the cache is 2x the loader's memory
     dl = fastdata.loader(big_cache, 16, device="cpu", memory=budget, integrity="off")
-    assert dl._streamer is not None and dl.order.cfg.window < 960
+    assert dl.backend._streamer is not None and dl.order.cfg.window < 960
     _drop(files)
     io0 = int(dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())["read_bytes"])
     peak = 0
@@ -80,4 +80,4 @@ def test_a_budget_too_small_for_four_shards_is_refused(big_cache):
 
 def test_auto_mode_leaves_a_cache_that_fits_alone(raw_cache):
     dl = fastdata.loader(raw_cache, 16, device="cpu")
-    assert dl._streamer is None and dl.order.cfg.window == 16384
+    assert dl.backend._streamer is None and dl.order.cfg.window == 16384

@@ -83,7 +83,7 @@ def test_same_seed_same_run(raw_cache, tmp_path):
 
 def test_auto_batch_labels_fit_a_head_with_few_classes(monkeypatch):
     import fastdata.engine.batch_size as bsmod
-    from fastdata.engine.cli import auto_batch
+    from fastdata.cli.train import auto_batch
     from fastdata.engine.config import EngineConfig
     from fastdata.engine.engine import Engine
     from fastdata.engine.models import resolve_model
@@ -179,17 +179,17 @@ def test_h5_shard_with_object_references_is_refused(raw_cache, tmp_path):
                                              ("fp32", torch.float32)])
 def test_train_ships_batches_in_the_precision_dtype(raw_cache, tmp_path, monkeypatch, precision, dtype):
     """--precision bf16 used to ship float32 batches (issue #20): the loader's dtype follows it."""
-    import fastdata.read.select as select
+    import fastdata.cli.assemble as assemble
 
     seen = []
-    real = select.make_loader
+    real = assemble.build_loader
 
     def spy(*args, **kw):
         dl = real(*args, **kw)
         seen.append(next(iter(dl)).images.dtype)
         return dl
 
-    monkeypatch.setattr(select, "make_loader", spy)
+    monkeypatch.setattr(assemble, "build_loader", spy)
     args = _train(raw_cache, tmp_path / "ck", "--steps", "1")
     args[args.index("--precision") + 1] = precision
     assert main(args) == 0

@@ -12,7 +12,6 @@ RAM and DEST's free disk, they give a recommendation and the reason for it:
 """
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from .._util import human_bytes, memory_total, usable_cpus
 from .codecs import CodecConfig, process_bytes
-from .sources import Item
+from .sources import Item, read_item
 
 SAMPLE = 200
 
@@ -54,24 +53,13 @@ class Plan:
         return "\n".join(lines)
 
 
-def _read(item: Item, options) -> bytes:
-    if item.path.startswith("s3://"):
-        from ..stores.s3 import filesystem, strip
-
-        return filesystem(options).cat_file(strip(item.path))
-    with open(item.path, "rb") as f:
-        if item.span is None:
-            return f.read()
-        return os.pread(f.fileno(), item.span[1], item.span[0])
-
-
 def _measure(items, codec: CodecConfig, options) -> tuple[float, float, float, float, int]:
     """(raw bytes, jpeg bytes, input bytes per good sample, seconds per decode, bad count) on the sample."""
     raw = jpeg = src = seconds = 0.0
     good = bad = 0
     for it in items:
         try:
-            data = _read(it, options)
+            data = read_item(it, options)
         except OSError:
             bad += 1
             continue

@@ -54,6 +54,18 @@ class Source:
         return f"{len(self.skipped)} entries skipped: {parts}"
 
 
+def read_item(item: Item, options: dict | None = None) -> bytes:
+    """An item's bytes: a file, a member of a tar (one pread at its offset), or an s3:// object."""
+    if item.path.startswith("s3://"):
+        from ..stores.s3 import filesystem, strip
+
+        return filesystem(options).cat_file(strip(item.path))
+    with open(item.path, "rb") as f:
+        if item.span is None:
+            return f.read()
+        return os.pread(f.fileno(), item.span[1], item.span[0])
+
+
 def is_cache_dir(path: str | Path) -> bool:
     """A fastdata cache (finished or being built): never an input class."""
     p = Path(path)

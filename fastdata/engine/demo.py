@@ -15,7 +15,7 @@ def train_demo(cache: Path, steps: int) -> dict:
 
     cuda = torch.cuda.is_available()
     dl = loader(cache, 32, augment=AugmentConfig(size=128), seed=0)
-    engine = Engine(SmallNet(len(dl.cache.manifest.label_map)),
+    engine = Engine(SmallNet(len(dl.backend.cache.manifest.label_map)),
                     EngineConfig(precision="bf16", lr=0.05, log_every=5, cuda_graph=cuda))
     report = engine.fit(dl, steps=steps, epochs=100)
     losses = [round(r["loss"], 3) for r in report["history"]]

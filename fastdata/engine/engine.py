@@ -16,7 +16,6 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..read.augment import AugmentConfig, augment_batch
 from ..errors import EngineError
 from . import checkpoint as ckpt
 from .config import EngineConfig
@@ -83,18 +82,28 @@ class Engine:
         self.global_step, self.epoch = 0, 0
         self._sampler = None
         self.stopped: str | None = None   # set by request_stop()
-        self._augment = AugmentConfig(dtype="float32", channels_last=cfg.channels_last)
 
     # ---- batches -------------------------------------------------------------------------------
     def _prepare(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch on the device, as the loader made it. The engine does not augment: the loader's
+        augmentation (one kernel, in the batch dtype) is the only one, so no batch is augmented twice."""
         images, labels = batch[0], batch[1]
+        if images.dtype == torch.uint8:
+            raise EngineError("the engine got uint8 images: give the loader an augmentation, e.g. "
+                              "fastdata.loader(cache, bs, augment=AugmentConfig(dtype=engine.cfg.batch_dtype)), "
+                              "or convert them to float in your own loader")
         images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
-        if images.dtype == torch.uint8:  # raw NHWC from a loader without augment: do it here, on device
-            images = augment_batch(images, self._augment)
-        elif self.cfg.channels_last and images.dim() == 4:
+        if self.cfg.channels_last and images.dim() == 4:
             images = images.contiguous(memory_format=torch.channels_last)
         return images, labels
+
+    def train_step(self, batch) -> None:
+        """One whole optimizer step on one batch (no accumulation), as fit() runs it: for tools that
+        drive the step themselves (the doctor's profiler)."""
+        images, labels = self._prepare(batch)
+        self._train_on(images, labels, 1, True)
+        self.global_step += 1
 
     def _train_on(self, images, labels, window: int, last: bool) -> None:
         if self._eager is not None and self._compiled_shape is None:

@@ -46,8 +46,7 @@ def _hook_loaders() -> None:
         return _wrap_iter(iter(original(self)), "torch DataLoader", self)
 
     DataLoader.__iter__ = timed_iter
-    for module, cls in (("fastdata.read.loader", "FastLoader"), ("fastdata.read.backends.decode", "DecodeLoader"),
-                        ("fastdata.read.backends.dali", "DaliLoader")):
+    for module, cls in (("fastdata.read.core", "Loader"),):
         try:
             klass = getattr(__import__(module, fromlist=[cls]), cls)
         except Exception:  # noqa: BLE001 - an optional backend that is missing

@@ -138,8 +138,7 @@ def run_doctor(engine, loader, seconds: float = 20.0, profile: bool = True) -> D
             except StopIteration:
                 it = iter(loader)
                 batch = next(it)
-            images, labels = engine._prepare(batch)
-            engine._train_on(images, labels, 1, True)
+            engine.train_step(batch)
         m.update(profile_fractions(step))
     return diagnose(m)
 

@@ -1,4 +1,9 @@
-"""Encoded images by global index, from an image folder or a JPEG-encoded cache.
+"""Encoded images by global index, from a build source (image folder, file list, tar) or a JPEG cache.
+
+A build source is read through the same Source the build uses
+(cache/sources.py: items of (path, key, label, span), read_item() for their
+bytes), so anything the build can read, the decoding backends can read
+without a cache: a WebDataset-style tar is read in place by offset.
 
 Both GPU-decode backends read through this, and order batches with the read
 side's SampleOrder, so they share its shuffle, rank split, resume state and
@@ -11,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cache.sources import discover
+from ..cache.sources import Source, discover, read_item
 from .reader import open_cache
 from .select import is_cache
 from ..errors import LoaderError
@@ -20,20 +25,25 @@ from ..errors import LoaderError
 class EncodedSource:
     """source.get(i) -> (encoded bytes as a uint8 array, label)."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | Path | Source, integrity: str = "shard") -> None:
         self.cache = self.items = None
-        if is_cache(path):
-            self.cache = open_cache(path)
+        if isinstance(path, Source):
+            src, path = path, Path(path.items[0].path).parent if path.items else Path(".")
+        else:
+            src = None
+        self.path = Path(path)
+        if src is None and is_cache(path):
+            self.cache = open_cache(path, integrity)
             kind = self.cache.manifest.kind
             if kind != "jpeg":
-                raise LoaderError(f"{path}: a {kind} cache needs no decoding; read it with fastdata.loader "
-                                  f"(backend cache), or rebuild with --encode jpeg for GPU decode")
+                raise LoaderError(f"{path}: a {kind} cache needs no decoding; read it with backend raw, "
+                                  f"or rebuild with --encode jpeg for GPU decode")
             self.shard_counts = [s.count for s in self.cache.manifest.shards]
             self.label_map = self.cache.manifest.label_map
             self.window = 16384
         else:
-            src = discover(path)
+            src = src or discover(path)
+            self.layout = src.layout
             self.items, self.label_map = src.items, src.label_map
             self.shard_counts = [len(src.items)]   # files have no locality to keep: shuffle them all
             self.window = len(src.items)
@@ -54,7 +64,7 @@ class EncodedSource:
             return data.numpy(), label
         item = self.items[int(i)]
         try:
-            return np.fromfile(item.path, dtype=np.uint8), item.label
+            return np.frombuffer(read_item(item), dtype=np.uint8), item.label
         except OSError as e:
             raise LoaderError(f"{item.path}: cannot read ({e.strerror}); the image folder changed since the "
                               f"loader started") from e
@@ -62,14 +72,18 @@ class EncodedSource:
     def name(self, i: int) -> str:
         """Where sample i comes from, for error messages."""
         if self.cache is None:
-            return str(self.items[int(i)].path)
+            item = self.items[int(i)]
+            return str(item.path) if item.span is None else f"{item.path} member {item.key}"
         s, j = self.cache.locate(int(i))
         shard = self.cache.shard(s)
         return f"{shard.path} sample {j} ({shard.keys[j]})"
 
     @property
     def kind(self) -> str:
-        return "cache-jpeg" if self.cache is not None else "files"
+        """cache-jpeg | files | tar (members read by offset: DALI's file reader cannot take them)."""
+        if self.cache is not None:
+            return "cache-jpeg"
+        return "tar" if self.layout == "tar" else "files"
 
 
 def undecodable(source: EncodedSource, idx, limit: int = 5) -> list[str]:

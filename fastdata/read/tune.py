@@ -98,15 +98,15 @@ def autotune(dataset, base: DataLoaderConfig, seconds: float = 2.0, collate_fn=N
     return DataLoaderConfig(**best[0]), results, gain
 
 
-def dataloader(dataset, batch_size: int, *, autotune_seconds: float | None = None, collate_fn=None,
-               **options) -> DataLoader:
-    """A torch DataLoader tuned for this machine. autotune_seconds=T measures settings for ~T s each.
+def tuned_dataloader(dataset, batch_size: int, *, autotune_seconds: float | None = None, collate_fn=None,
+                     **options) -> DataLoader:
+    """A torch DataLoader (worker processes, not fastdata's loader) tuned for this machine. autotune_seconds=T measures settings for ~T s each.
 
     options: see DataLoaderConfig (shuffle, workers, pin_memory, prefetch_factor, ...).
     """
     cfg = DataLoaderConfig(batch_size, **options)
     if cfg.batch_size < 1 or (cfg.workers is not None and cfg.workers < 0) or cfg.prefetch_factor < 1:
-        raise LoaderError(f"dataloader({cfg}): batch_size and prefetch_factor must be >= 1, workers >= 0")
+        raise LoaderError(f"tuned_dataloader({cfg}): batch_size and prefetch_factor must be >= 1, workers >= 0")
     tuning = None
     if autotune_seconds:
         cfg, results, gain = autotune(dataset, cfg, autotune_seconds, collate_fn)
@@ -115,3 +115,6 @@ def dataloader(dataset, batch_size: int, *, autotune_seconds: float | None = Non
     dl = _build(dataset, cfg.resolved(), collate_fn)
     dl.tuning = tuning
     return dl
+
+
+dataloader = tuned_dataloader   # the wave-1 name, kept one release: one prefix away from fastdata.loader

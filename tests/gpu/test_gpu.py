@@ -136,7 +136,7 @@ def test_nvjpeg_backend_matches_full_resolution_pil(image_folder):
     """nvJPEG decodes at full resolution then resizes; compare against PIL doing the same (the PIL
     loader backend decodes in draft mode, a coarser picture: 0.106 apart on an H100)."""
     pytest.importorskip("torchvision")
-    from fastdata.read.decode_verbs import decode_loader
+    from fastdata.read.verbs import decode_loader
 
     ref, labels = pil_reference(image_folder)
     aug = AugmentConfig(size=64, train=False, crop_fraction=1.0)
@@ -151,7 +151,7 @@ def test_nvjpeg_backend_matches_full_resolution_pil(image_folder):
 
 def test_dali_mixed_matches_cpu_decode_and_keeps_order(image_folder):
     pytest.importorskip("nvidia.dali")
-    from fastdata.read.decode_verbs import decode_loader
+    from fastdata.read.verbs import decode_loader
 
     kw = dict(image_size=64, seed=0, train=False, shuffle=False)
     gpu = list(decode_loader(image_folder, 16, backend="dali", **kw))
@@ -168,7 +168,7 @@ def test_dali_mixed_native_reader_and_feed_agree_across_epochs(image_folder):
     """The native file reader and the Python feed decode the same samples in the same order, two epochs
     running through one pipeline, labels on the GPU."""
     pytest.importorskip("nvidia.dali")
-    from fastdata.read.decode_verbs import decode_loader
+    from fastdata.read.verbs import decode_loader
 
     kw = dict(image_size=64, seed=4, train=False)
     native = decode_loader(image_folder, 16, backend="dali", file_reader="native", **kw)

@@ -103,7 +103,7 @@ def test_every_single_byte_flip_is_found(image_folder, tmp_path):
 
 
 def test_reader_thread_failure_is_reported_with_cause(raw_cache, monkeypatch):
-    import fastdata.read.loader as loader_mod
+    import fastdata.read.backends.raw as loader_mod
 
     def boom(cache, idx, slot, read):
         raise MemoryError("planted: could not allocate")

@@ -41,7 +41,7 @@ def test_default_check_names_the_shard_and_stops_the_next_batch(raw_cache, tmp_p
     with pytest.raises(CacheFormatError, match="shard-00000.h5: sha256 differs from manifest.json") as e:
         it = iter(dl)
         next(it)                     # (on a loaded machine the hash may already be done: then this raises)
-        dl.cache._hasher.join()      # the background hash of shard 0 has finished
+        dl.backend.cache._hasher.join()      # the background hash of shard 0 has finished
         list(it)
     assert (f"sample 3 ({key})" in str(e.value)) if what == "pixel" else "its metadata" in str(e.value)
 
@@ -70,5 +70,5 @@ def test_intact_cache_passes_every_mode(raw_cache):
         dl = fastdata.loader(raw_cache, 16, device="cpu", integrity=mode)
         assert sum(len(b) for b in epoch_indices(dl)) == 120
         if mode == "shard":
-            dl.cache._hasher.join()
-            dl.cache.check_integrity()
+            dl.backend.cache._hasher.join()
+            dl.backend.cache.check_integrity()

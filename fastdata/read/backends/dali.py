@@ -1,6 +1,6 @@
-"""DaliLoader: NVIDIA DALI decodes JPEGs with nvJPEG ("mixed") on the GPU, or on CPU without one.
+"""Backend dali: NVIDIA DALI decodes JPEGs with nvJPEG ("mixed") on the GPU, or on CPU without one.
 
-The samples come in the read side's SampleOrder (plan.py), so the shuffle,
+The samples come in the read side's SampleOrder (dali_plan.py), so the shuffle,
 rank split, resume state and coverage audit are the same as fastdata.loader's.
 An image folder is read by DALI's own C++ ``fn.readers.file``, given this
 order as its unshuffled ``files`` list; a JPEG cache is fed through
@@ -21,52 +21,19 @@ plan's batches in turn (lanes), so one's decoder works while another waits.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from itertools import islice
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from ..augment import AugmentConfig
-from ..batch import Batch, Coverage, Resumable
-from ..order import OrderConfig, SampleOrder
 from ...errors import DependencyError, LoaderError
+from ..augment import AugmentConfig
+from ..config import DaliOptions
+from . import BaseBackend
 from .dali_crop import CropFeed, crop_window
 from .dali_plan import Feeder, Planned, files_for, native_plan, plan
 from ..encoded import EncodedSource, undecodable
-
-
-@dataclass(frozen=True)
-class DaliConfig:
-    batch_size: int
-    augment: AugmentConfig = AugmentConfig()
-    device: str = "auto"          # auto: mixed (GPU) when CUDA is present, else cpu
-    seed: int = 0
-    shuffle: bool = True
-    drop_last: bool = False
-    threads: int = 4               # DALI's CPU threads (and as many cache-reading threads)
-    prefetch: int = 2              # batches DALI decodes ahead of the training step
-    # share of images sent to the A100/H100 hardware JPEG decoder (ignored where there is none). 1.0, not
-    # DALI's 0.65: on the H200 a bare decode ran 25k img/s with 1.0 against 16.7k with the CPU path
-    # (benchmarks/dali_limits.py), and 1.0 was the faster end to end too
-    hw_decoder_load: float = 1.0
-    # images with fewer pixels get their Huffman decoding on DALI's CPU threads (nvJPEG hybrid), the rest
-    # on the GPU; DALI's default 1M sends every ImageNet-sized JPEG to the CPU. 0: all on the GPU, which
-    # frees CPU threads but costs SM time that training would use (benchmarks/decode.py measures both).
-    hybrid_huffman_threshold: int = 1_000_000
-    # image folders: "native" reads files with DALI's C++ fn.readers.file; "feed" reads them in Python
-    # threads through fn.external_source, as JPEG caches always are (benchmarks/dali_limits.py compares them)
-    file_reader: str = "native"
-    # DALI pipelines taking batches in turn, each with threads / pipelines CPU threads: one pipeline
-    # decodes one batch at a time, so a second keeps the decoder busy during the first one's other stages
-    pipelines: int = 1
-    # train crops: "plan" draws each sample's crop and flip from (seed, epoch, batch), like every other
-    # backend, so a resumed run decodes the same pixels; "dali" uses DALI's own random crop operator,
-    # whose draws restart with a rebuilt pipeline (not resumable; fewer CPU operators per batch)
-    crop: str = "plan"
-    rank: int = 0
-    world_size: int = 1
 
 
 class _Lane(NamedTuple):
@@ -85,14 +52,13 @@ def _dali():
                               "(or use backend nvjpeg / cpu)") from None
 
 
-def _graph(encoded, idx, cfg: DaliConfig, gpu: bool, draws=None):
+def _graph(encoded, idx, aug: AugmentConfig, opts: DaliOptions, gpu: bool, draws=None):
     """encoded JPEG bytes + sample indices -> (images NHWC float, indices on CPU, indices on device).
     draws: the plan's per-sample crop uniforms (dali_crop.py), for crops that survive a resume."""
     dali, fn, types = _dali()
-    aug = cfg.augment
     dev = "mixed" if gpu else "cpu"
-    extra = {"hw_decoder_load": cfg.hw_decoder_load,
-             "hybrid_huffman_threshold": cfg.hybrid_huffman_threshold} if gpu else {}
+    extra = {"hw_decoder_load": opts.hw_decoder_load,
+             "hybrid_huffman_threshold": opts.hybrid_huffman_threshold} if gpu else {}
     if aug.train and draws is not None:
         anchor, shape, mirror = crop_window(encoded, *draws, aug)
         images = fn.decoders.image_slice(encoded, anchor, shape, device=dev, output_type=types.RGB,
@@ -134,40 +100,36 @@ def _dali_reason(e: Exception) -> str:
     return text.splitlines()[0][:300] if text else type(e).__name__
 
 
-class DaliLoader(Resumable):
-    def __init__(self, source: EncodedSource, cfg: DaliConfig) -> None:
+class DaliBackend(BaseBackend):
+    kind = "dali"
+    streamed = True
+
+    def __init__(self, source: EncodedSource, cfg, device: torch.device) -> None:
         _dali()
-        gpu = torch.cuda.is_available() if cfg.device == "auto" else cfg.device.startswith("cuda")
-        if gpu and not torch.cuda.is_available():
-            raise LoaderError(f"device={cfg.device!r} but CUDA is not available; use device='cpu'")
-        if min(cfg.prefetch, cfg.threads, cfg.pipelines) < 1:
-            raise LoaderError(f"threads={cfg.threads}, prefetch={cfg.prefetch}, pipelines={cfg.pipelines}: "
-                              f"each must be at least 1")
-        if cfg.file_reader not in ("native", "feed"):
-            raise LoaderError(f"file_reader={cfg.file_reader!r}: choose native or feed")
-        if cfg.crop not in ("plan", "dali"):
-            raise LoaderError(f"crop={cfg.crop!r}: choose plan (resumable) or dali")
-        self.encoded, self.cfg, self.gpu = source, cfg, gpu
-        self.device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
-        ocfg = OrderConfig(cfg.shuffle, cfg.seed, source.window, cfg.rank, cfg.world_size)
-        self.order = SampleOrder(source.shard_counts, cfg.batch_size, ocfg, cfg.drop_last)
-        self.coverage_audit = Coverage(len(source))
-        self.native = source.kind == "files" and cfg.file_reader == "native"
-        self.source = f"dali-{'mixed' if gpu else 'cpu'}-{source.kind}"
-        self._labels = torch.as_tensor(source.labels(), dtype=torch.int64).to(self.device)
-        self._threads = max(1, cfg.threads // cfg.pipelines)   # each pipeline's DALI (and feeding) threads
-        self._feeders = [] if self.native else [Feeder(source, self._threads, cfg.prefetch + 2)
-                                                for _ in range(cfg.pipelines)]
+        opts = cfg.options
+        self.encoded, self.cfg, self.opts, self.device = source, cfg, opts, device
+        self.gpu = device.type == "cuda"
+        self.shard_counts, self.window, self.where = source.shard_counts, source.window, str(source.path)
+        self.native = source.kind == "files" and opts.file_reader == "native"
+        self.name = f"dali-{'mixed' if self.gpu else 'cpu'}-{source.kind}"
+        self._labels = torch.as_tensor(source.labels(), dtype=torch.int64).to(device)
+        self._threads = max(1, cfg.reader_threads // opts.pipelines)   # each pipeline's DALI (and feeding) threads
+        self._feeders = [] if self.native else [Feeder(source, self._threads, cfg.read_ahead + 2)
+                                                for _ in range(opts.pipelines)]
+        self.order = None
         self.lanes: list[_Lane] = []
         self._turn = 0                                   # the lane whose output comes next
         self._next: tuple[int, int] | None = None       # (epoch, position) of the next output
         self._plan_end: tuple[int, int] | None = None   # where the native reader's files list ends
 
+    def attach(self, order) -> None:
+        self.order = order
+
     def _start(self) -> None:
         """Fresh pipelines whose first outputs are the batches the order expects next."""
-        cfg, here = self.cfg, (self.order.epoch, self.order.position)
+        here = (self.order.epoch, self.order.position)
         self.lanes = []                          # the old pipelines' buffers go before new ones are made
-        n = cfg.pipelines
+        n = self.opts.pipelines
         if self.native:
             planned = native_plan(self.order, *here)
             self._plan_end = planned[-1].after
@@ -183,8 +145,8 @@ class DaliLoader(Resumable):
         cfg, fed = self.cfg, deque()
         pipe = dali.pipeline.Pipeline(batch_size=cfg.batch_size, num_threads=self._threads,
                                       seed=cfg.seed + 1 + j, device_id=self.device.index if self.gpu else None,
-                                      prefetch_queue_depth=cfg.prefetch)
-        planned_crops = cfg.crop == "plan" and cfg.augment.train
+                                      prefetch_queue_depth=cfg.read_ahead)
+        planned_crops = self.opts.crop == "plan" and cfg.augment.train
         with pipe:
             draws = None
             if planned is not None:
@@ -200,30 +162,33 @@ class DaliLoader(Resumable):
                 encoded, index, *draws = fn.external_source(
                     source=self._feeders[j], num_outputs=5 if planned_crops else 2, batch=True,
                     dtype=[types.UINT8, types.INT64] + [types.FLOAT] * (3 if planned_crops else 0))
-            pipe.set_outputs(*_graph(encoded, index, cfg, self.gpu, draws or None))
+            pipe.set_outputs(*_graph(encoded, index, cfg.augment, self.opts, self.gpu, draws or None))
         pipe.build()
         return _Lane(pipe, fed)
 
-    def __iter__(self):
+    def next_batch(self, epoch: int, position: int):
+        """(indices, images, labels) of the batch at (epoch, position), which DALI has decoded ahead."""
         aug = self.cfg.augment
+        here = (epoch, position)
+        if not self.lanes or self._next != here or here == self._plan_end:
+            self._start()
+        lane = self.lanes[self._turn]
+        self._turn = (self._turn + 1) % len(self.lanes)
+        images, idx_host, idx_dev = self._run(lane)
+        p = self._check(lane.fed, idx_host)
+        n = len(p.idx)
+        # NHWC float from DALI; the NCHW view of it is channels_last memory, no copy
         fmt = torch.channels_last if aug.channels_last else torch.contiguous_format
-        for _ in range(len(self._epoch_batches())):
-            here = (self.order.epoch, self.order.position)
-            if not self.lanes or self._next != here or here == self._plan_end:
-                self._start()
-            lane = self.lanes[self._turn]
-            self._turn = (self._turn + 1) % len(self.lanes)
-            images, idx_host, idx_dev = self._run(lane)
-            p = self._check(lane.fed, idx_host)
-            n = len(p.idx)
-            # NHWC float from DALI; the NCHW view of it is channels_last memory, no copy
-            x = _to_torch(images, self.device)[:n].permute(0, 3, 1, 2)
-            x = x.to(dtype=getattr(torch, aug.dtype), memory_format=fmt)
-            y = self._labels[_to_torch(idx_dev, self.device).view(-1)[:n]]
-            self._next = p.after
-            self._yielded(p.idx)
-            yield Batch(x, y, torch.from_numpy(p.idx), self.source)
-        self.order.next_epoch()
+        x = _to_torch(images, self.device)[:n].permute(0, 3, 1, 2)
+        x = x.to(dtype=getattr(torch, aug.dtype), memory_format=fmt)
+        y = self._labels[_to_torch(idx_dev, self.device).view(-1)[:n]]
+        self._next = p.after
+        return p.idx, x, y
+
+    def close(self) -> None:
+        self.lanes = []
+        for f in self._feeders:
+            f.pool.shutdown(wait=False, cancel_futures=True)
 
     def _check(self, fed: deque, idx_host) -> Planned:
         """The planned batch this output is; its sample indices must be the ones DALI decoded."""
@@ -249,7 +214,7 @@ class DaliLoader(Resumable):
         except Exception as e:  # noqa: BLE001 - DALI raises RuntimeError for a bad image, say which
             self.lanes = []       # DALI says the pipeline is no longer valid; the next pass starts afresh
             batch_no = self.order.position // self.cfg.batch_size
-            ahead = list(islice(lane.fed, self.cfg.prefetch + 2))    # the batches DALI was working on
+            ahead = list(islice(lane.fed, self.cfg.read_ahead + 2))    # the batches DALI was working on
             bad = undecodable(self.encoded, np.concatenate([p.idx for p in ahead]) if ahead else [])
             what = f"cannot decode {', '.join(bad)}" if bad else "DALI failed"
             raise LoaderError(f"{self.encoded.path}: {what} (batch {batch_no} of epoch {self.order.epoch}); remove "

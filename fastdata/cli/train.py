@@ -16,8 +16,9 @@ log = logging.getLogger("fastdata.engine")
 def add_cli(sub, commands: dict) -> None:
     p = sub.add_parser("train", help="train a model with the fastdata engine")
     p.add_argument("--data", required=True, help="cache folder, or an image folder with --backend dali|nvjpeg|cpu")
-    p.add_argument("--backend", default="auto", choices=("auto", "cache", "dali", "nvjpeg", "cpu"),
-                   help="how batches are made: cache (raw cache), dali/nvjpeg (GPU JPEG decode), cpu; auto picks")
+    p.add_argument("--backend", default="auto", choices=("auto", "raw", "pil", "nvjpeg", "dali", "cache", "cpu"),
+                   help="fastdata.loader's backend: raw (raw cache), dali/nvjpeg (GPU JPEG decode), pil (CPU); "
+                        "auto picks; cache and cpu are the wave-1 names of raw and pil")
     p.add_argument("--model", default="resnet50", help="smallnet | resnet18 | resnet50 | module:function")
     p.add_argument("--batch-size", default="256", help="an integer or 'auto'")
     p.add_argument("--image-size", type=int, default=224,
@@ -64,7 +65,7 @@ def add_cli(sub, commands: dict) -> None:
 
 
 def _config(a):
-    from .config import EngineConfig
+    from ..engine.config import EngineConfig
 
     blocks = tuple(b for b in a.checkpoint_blocks.split(",") if b)
     return EngineConfig(precision=a.precision, channels_last=not a.no_channels_last, compile=a.compile,
@@ -102,20 +103,12 @@ def _stop_on_signals(engine):
 
 
 def run_train(a) -> int:
-    from ..read.select import make_loader, num_classes
-    from .checkpoint import seed_everything
-    from .engine import Engine
-    from .models import resolve_model
+    from .assemble import RunConfig, assemble
 
-    if a.batch_size != "auto" and not a.batch_size.isdigit():
-        raise FastdataError(f"--batch-size {a.batch_size!r}: give a positive integer or 'auto'")
     cfg = _config(a)
-    seed_everything(a.seed)   # before the model is built: its initial weights come from this seed
-    classes = num_classes(a.data)
-    engine = Engine(resolve_model(a.model, classes), cfg)
-    bs, curve = (auto_batch(engine, a.image_size, classes) if a.batch_size == "auto" else (int(a.batch_size), None))
-    loader = make_loader(a.data, int(bs), backend=a.backend, image_size=a.image_size, seed=a.seed,
-                         device=str(engine.device), dtype=cfg.batch_dtype)
+    run = assemble(RunConfig(data=a.data, model=a.model, batch_size=a.batch_size, backend=a.backend,
+                             image_size=a.image_size, seed=a.seed, engine=cfg))
+    engine, loader, bs, curve = run.engine, run.loader, run.batch_size, run.batch_curve
     resume = _resume_path(a, cfg)
     if resume:
         engine.load(resume, loader, trust=a.trust_checkpoint)
@@ -145,7 +138,7 @@ def auto_batch(engine, image_size: int, num_classes: int):
     """Search the batch size on synthetic input of the real shape, then restore the model."""
     import torch
 
-    from .batch_size import find_batch_size
+    from ..engine.batch_size import find_batch_size
 
     dev = engine.device
 

@@ -1,19 +1,11 @@
-"""`fastdata build-cache | verify | info | stage | merge | train | doctor | bench | demo`.
-
-Every FastdataError becomes one line on stderr and exit code 2; argparse's
-own usage errors also exit 2. Tracebacks are for bugs only.
-"""
+"""CLI commands of the write side: build-cache, plan, verify, info, stage, merge."""
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import sys
 
-from .errors import FastdataError
-from .stores.s3 import parse_options
-
-log = logging.getLogger("fastdata")
+from ..errors import FastdataError
+from ..stores.s3 import parse_options
 
 
 def _slurm_part() -> tuple[int, int]:
@@ -78,9 +70,9 @@ def _add_build(sub) -> None:
 
 
 def _cmd_plan(a) -> int:
-    from .cache.codecs import CodecConfig
-    from .cache.plan import plan
-    from .cache.sources import discover
+    from ..cache.codecs import CodecConfig
+    from ..cache.plan import plan
+    from ..cache.sources import discover
 
     options = parse_options(a.storage_options) or None
     source = discover(a.src, images_only=a.encode != "bytes", storage_options=options)
@@ -90,7 +82,7 @@ def _cmd_plan(a) -> int:
 
 
 def _cmd_build(a) -> int:
-    from .cache.build import BuildConfig, build_cache
+    from ..cache.build import BuildConfig, build_cache
 
     if a.dry_run:
         return _cmd_plan(a)
@@ -105,14 +97,14 @@ def _cmd_build(a) -> int:
     if len(result.manifest.quarantined) > 20:
         print(f"  ... `fastdata info {a.dest}` lists all {len(result.manifest.quarantined)}")
     if a.stage:
-        from .cache.stage import stage_cache
+        from ..cache.stage import stage_cache
 
         print(f"read from: {stage_cache(a.dest, a.stage)}")
     return 0
 
 
 def _cmd_verify(a) -> int:
-    from .cache.verify import verify_cache
+    from ..cache.verify import verify_cache
 
     report = verify_cache(a.cache, parse_options(a.storage_options) or None)
     print(report.text())
@@ -120,8 +112,8 @@ def _cmd_verify(a) -> int:
 
 
 def _cmd_info(a) -> int:
-    from ._util import human_bytes, memory_budget, memory_total
-    from .cache.format import load_manifest
+    from .._util import human_bytes, memory_budget, memory_total
+    from ..cache.format import load_manifest
 
     m = load_manifest(a.cache, parse_options(a.storage_options) or None)
     total = sum(s.bytes for s in m.shards)
@@ -140,7 +132,7 @@ def _cmd_info(a) -> int:
 
 
 def _cmd_stage(a) -> int:
-    from .cache.stage import stage_cache, unstage
+    from ..cache.stage import stage_cache, unstage
 
     if a.remove and len(a.paths) == 1:
         unstage(a.paths[0])
@@ -153,17 +145,14 @@ def _cmd_stage(a) -> int:
 
 
 def _cmd_merge(a) -> int:
-    from .cache.merge import merge_caches
+    from ..cache.merge import merge_caches
 
     m = merge_caches(a.out, a.parts)
     print(f"{a.out}: {m.num_samples} samples in {len(m.shards)} shards from {len(a.parts)} parts")
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fastdata", description="Make PyTorch training GPU-bound.")
-    ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def add_cli(sub, commands: dict) -> None:
     _add_build(sub)
     p = sub.add_parser("plan", help="estimate cache sizes and build time for SRC; recommend raw, jpeg or a size")
     p.add_argument("src", help="image folder, file list, tar, or s3:// prefix")
@@ -184,44 +173,5 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("merge", help="join caches built with --part into OUT")
     p.add_argument("out", help="new or empty folder for the merged cache")
     p.add_argument("parts", nargs="+", help="the part caches 0..n-1 of one build, in any order")
-    from . import cli_more
-
-    cli_more.add_commands(sub)
-    return ap
-
-
-COMMANDS = {"build-cache": _cmd_build, "plan": _cmd_plan, "verify": _cmd_verify, "info": _cmd_info,
-            "stage": _cmd_stage, "merge": _cmd_merge}
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = _parser()
-    argv = sys.argv[1:] if argv is None else argv
-    if any("\x00" in x for x in argv):
-        ap.error("an argument contains a NUL byte; no path or option can contain one")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, format="%(name)s: %(message)s")
-    from . import cli_more
-
-    fn = COMMANDS.get(a.cmd) or cli_more.COMMANDS[a.cmd]
-    for stream in (sys.stdout, sys.stderr):   # file names that are not UTF-8 print escaped, not crash
-        if hasattr(stream, "reconfigure"):
-            stream.reconfigure(errors="backslashreplace")
-    try:
-        code = fn(a)
-        sys.stdout.flush()   # inside the try: a closed pipe shows up here, not at interpreter exit
-        return code
-    except BrokenPipeError:   # `fastdata info CACHE | head`: the reader left; stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
-    except FastdataError as e:
-        print(f"fastdata {a.cmd}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"fastdata {a.cmd}: interrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    commands.update({"build-cache": _cmd_build, "plan": _cmd_plan, "verify": _cmd_verify, "info": _cmd_info,
+                     "stage": _cmd_stage, "merge": _cmd_merge})

@@ -36,9 +36,9 @@ def add_cli(sub, commands: dict) -> None:
 
 
 def _wrapped(a):
-    from .bootstrap import read_report, write_sitecustomize
-    from .doctor import diagnose
-    from .nvml import GpuSampler, SamplerConfig
+    from ..monitor.bootstrap import read_report, write_sitecustomize
+    from ..monitor.doctor import diagnose
+    from ..monitor.nvml import GpuSampler, SamplerConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "report.json")
@@ -75,17 +75,14 @@ def _window_gpu(sampler, window) -> dict:
 
 
 def _engine_run(a):
-    from ..read.select import make_loader, num_classes
     from ..engine.config import EngineConfig
-    from ..engine.engine import Engine
-    from ..engine.models import resolve_model
-    from .doctor import run_doctor
+    from ..monitor.doctor import run_doctor
+    from .assemble import RunConfig, assemble
 
     cfg = EngineConfig(precision=a.precision, compile=a.compile, log_every=10**6)
-    engine = Engine(resolve_model(a.model, num_classes(a.data)), cfg)
-    loader = make_loader(a.data, a.batch_size, backend=a.backend, image_size=a.image_size,
-                         device=str(engine.device), dtype=cfg.batch_dtype)
-    return run_doctor(engine, loader, a.seconds)
+    run = assemble(RunConfig(data=a.data, model=a.model, batch_size=a.batch_size, backend=a.backend,
+                             image_size=a.image_size, engine=cfg))
+    return run_doctor(run.engine, run.loader, a.seconds)
 
 
 def run_doctor_cli(a) -> int:
@@ -103,7 +100,7 @@ def run_doctor_cli(a) -> int:
 
 
 def run_monitor(a) -> int:
-    from .nvml import GpuSampler
+    from ..monitor.nvml import GpuSampler
 
     s = GpuSampler()
     if not s.available:

@@ -1,0 +1,58 @@
+"""`fastdata build-cache | verify | info | stage | merge | train | doctor | bench | demo`.
+
+Every FastdataError becomes one line on stderr and exit code 2; argparse's
+own usage errors also exit 2. Tracebacks are for bugs only.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from .. import demo
+from ..errors import FastdataError
+from . import build, doctor, train
+
+log = logging.getLogger("fastdata")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fastdata", description="Make PyTorch training GPU-bound.")
+    ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for module in (build, train, doctor, demo):
+        module.add_cli(sub, COMMANDS)
+    return ap
+
+
+COMMANDS: dict = {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if any("\x00" in x for x in argv):
+        ap.error("an argument contains a NUL byte; no path or option can contain one")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, format="%(name)s: %(message)s")
+    fn = COMMANDS[a.cmd]
+    for stream in (sys.stdout, sys.stderr):   # file names that are not UTF-8 print escaped, not crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        code = fn(a)
+        sys.stdout.flush()   # inside the try: a closed pipe shows up here, not at interpreter exit
+        return code
+    except BrokenPipeError:   # `fastdata info CACHE | head`: the reader left; stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except FastdataError as e:
+        print(f"fastdata {a.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"fastdata {a.cmd}: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+

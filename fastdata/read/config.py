@@ -1,0 +1,139 @@
+"""LoaderConfig: the one configuration of fastdata.loader, with a nested config for its backend.
+
+The settings every backend shares sit on LoaderConfig; what only some
+backends understand sits in their own options class. Keyword arguments that
+fastdata.loader() receives are sorted into the two here, so an option the
+chosen backend does not take is a LoaderError naming the backends that do,
+rather than a dataclass TypeError or an option silently ignored.
+
+threads and prefetch default to None: each backend's own measured default
+(BACKEND_DEFAULTS), because a reader thread means different work in each
+(a memory gather, a PIL decode, a DALI CPU thread) and DALI's prefetch is
+its own queue depth.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from ..errors import LoaderError
+from .augment import AugmentConfig
+from .integrity import check_mode
+
+BACKENDS = ("raw", "pil", "nvjpeg", "dali")
+
+# (threads, prefetch) per backend, as each was tuned (benchmarks/loader.py, decode.py, dali_limits.py)
+BACKEND_DEFAULTS = {"raw": (4, 6), "pil": (8, 4), "nvjpeg": (8, 4), "dali": (4, 2)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RawOptions:
+    """Backend raw: uint8 pixels gathered from a raw cache (fill.py, gather.py)."""
+
+    window: int = 16384                 # samples shuffled together (spans several shards)
+    read: str = "mmap"                  # mmap (one gather per shard) | pread (see fill.py)
+    integrity: str = "shard"            # shard | sample | off: checks on read (integrity.py)
+    # streaming reads of caches bigger than memory (stream.py): "auto" turns them on when the cache
+    # exceeds half the memory budget; a size ("8GB") forces them with that budget; None: never
+    memory: str | int | None = "auto"
+    remote: object = None               # stores.fetch.RemoteConfig for an s3:// cache
+
+    def check(self) -> None:
+        check_mode(self.integrity)
+        if self.read not in ("mmap", "pread"):
+            raise LoaderError(f"read={self.read!r}: choose mmap or pread")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeOptions:
+    """Backends pil and nvjpeg: JPEG files or a JPEG cache, decoded per batch."""
+
+    integrity: str = "shard"            # for a JPEG cache, as in RawOptions
+
+    def check(self) -> None:
+        check_mode(self.integrity)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DaliOptions:
+    """Backend dali: NVIDIA DALI decodes with nvJPEG ("mixed") on the GPU, or on its CPU pipeline."""
+
+    integrity: str = "shard"
+    # share of images sent to the A100/H100 hardware JPEG decoder (ignored where there is none). 1.0, not
+    # DALI's 0.65: the faster both alone and end to end on the H200 (benchmarks/dali_limits.py)
+    hw_decoder_load: float = 1.0
+    # images with fewer pixels get their Huffman decoding on DALI's CPU threads (nvJPEG hybrid), the rest
+    # on the GPU; DALI's default 1M sends every ImageNet-sized JPEG to the CPU (benchmarks/decode.py)
+    hybrid_huffman_threshold: int = 1_000_000
+    # image folders: "native" reads files with DALI's C++ fn.readers.file; "feed" reads them in Python
+    # threads through fn.external_source, as JPEG caches always are
+    file_reader: str = "native"
+    # DALI pipelines taking batches in turn, each with threads / pipelines CPU threads
+    pipelines: int = 1
+    # train crops: "plan" draws each crop and flip from (seed, epoch, batch), resumable like every other
+    # backend; "dali" uses DALI's own random crop operator (draws restart with a rebuilt pipeline)
+    crop: str = "plan"
+
+    def check(self) -> None:
+        check_mode(self.integrity)
+        if self.pipelines < 1:
+            raise LoaderError(f"pipelines={self.pipelines}: must be at least 1")
+        if self.file_reader not in ("native", "feed"):
+            raise LoaderError(f"file_reader={self.file_reader!r}: choose native or feed")
+        if self.crop not in ("plan", "dali"):
+            raise LoaderError(f"crop={self.crop!r}: choose plan (resumable) or dali")
+
+
+OPTIONS = {"raw": RawOptions, "pil": DecodeOptions, "nvjpeg": DecodeOptions, "dali": DaliOptions}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    batch_size: int
+    backend: str = "raw"
+    device: str = "auto"                # auto: cuda when available, else cpu
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = False
+    # None: uint8 NHWC batches (backend raw only); else crop, flip and normalise on the way
+    augment: AugmentConfig | None = None
+    threads: int | None = None          # None: the backend's default (BACKEND_DEFAULTS)
+    prefetch: int | None = None
+    rank: int | None = None             # None: from torch.distributed / torchrun's RANK when set
+    world_size: int | None = None
+    options: RawOptions | DecodeOptions | DaliOptions = field(default_factory=RawOptions)
+
+    @property
+    def reader_threads(self) -> int:
+        return self.threads if self.threads is not None else BACKEND_DEFAULTS[self.backend][0]
+
+    @property
+    def read_ahead(self) -> int:
+        return self.prefetch if self.prefetch is not None else BACKEND_DEFAULTS[self.backend][1]
+
+    def check(self) -> "LoaderConfig":
+        if self.backend not in BACKENDS:
+            raise LoaderError(f"backend {self.backend!r}: choose one of {', '.join(BACKENDS)} or auto")
+        if self.batch_size < 1:
+            raise LoaderError(f"batch_size={self.batch_size}: must be at least 1")
+        if self.reader_threads < 1 or self.read_ahead < 1:
+            raise LoaderError(f"threads={self.reader_threads}, prefetch={self.read_ahead}: both must be at least 1")
+        if not isinstance(self.options, OPTIONS[self.backend]):
+            raise LoaderError(f"backend {self.backend} takes {OPTIONS[self.backend].__name__}, "
+                              f"not {type(self.options).__name__}")
+        self.options.check()
+        return self
+
+
+def split_options(backend: str, options: dict):
+    """The backend's options object from loose keyword arguments; an option it does not take is a
+    LoaderError that names the backends that do."""
+    cls = OPTIONS[backend]
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in options:
+        if key not in names:
+            takers = [b for b, c in OPTIONS.items() if key in {f.name for f in dataclasses.fields(c)}]
+            where = f"only backend {', '.join(takers)} takes it" if takers else "no backend takes it"
+            raise LoaderError(f"option {key}= does not apply to backend {backend}: {where}"
+                              + (f" (options of {backend}: {', '.join(sorted(names))})" if names else ""))
+    return cls(**options)
