@@ -147,7 +147,7 @@ def test_verify_names_damaged_shard_and_sample(image_folder, tmp_path):
     assert verify_cache(dest).ok
     m = load_manifest(dest)
     target = dest / m.shards[1].name
-    from fastdata.read.reader import open_shard
+    from fastdata.cache.shardfile import open_shard
 
     shard = open_shard(target)
     # flip one byte inside sample 3's pixels, located through the h5 data offset

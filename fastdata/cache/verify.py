@@ -33,7 +33,7 @@ class VerifyReport:
 
 
 def _damaged_samples(path: Path, start: int) -> tuple[str, list[tuple[int, str]]]:
-    from ..read.reader import open_shard
+    from .shardfile import open_shard
 
     try:
         shard = open_shard(path)

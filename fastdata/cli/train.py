@@ -8,7 +8,6 @@ import signal
 import sys
 from pathlib import Path
 
-from ..errors import FastdataError
 
 log = logging.getLogger("fastdata.engine")
 

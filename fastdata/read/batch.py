@@ -15,8 +15,10 @@ class Batch(tuple):
     indices: torch.Tensor
     source: str
 
-    def __new__(cls, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor | None = None,
+    def __new__(cls, images, labels: torch.Tensor | None = None, indices: torch.Tensor | None = None,
                 source: str = ""):
+        if labels is None:   # Batch([images, labels]): how collection utilities (Lightning's
+            images, labels = images   # apply_to_collection, torch's pin_memory) rebuild a tuple subclass
         self = super().__new__(cls, (images, labels))
         self.indices = indices if indices is not None else torch.empty(0, dtype=torch.int64)
         self.source = source

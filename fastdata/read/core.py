@@ -109,6 +109,8 @@ class Loader:
         continued by the next one, which starts the next epoch; only a loaded state is continued."""
         if self._fresh_pass_due():
             self.order.next_epoch()
+        elif self._resume_pending and self.order.position > 0 and not self.order.epoch_batches():
+            self.order.next_epoch()   # saved after an epoch's last batch: resume with the next epoch
         self._resume_pending = False
         if self.order.position == 0:
             self.coverage_audit.reset(self.order.epoch)

@@ -7,7 +7,7 @@ import pytest
 
 import fastdata
 from fastdata.read.dataset import CacheDataset
-from fastdata.read.reader import open_shard
+from fastdata.cache.shardfile import open_shard
 from fastdata.errors import CacheFormatError, LoaderError
 
 from helpers import epoch_indices
