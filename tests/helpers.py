@@ -55,6 +55,51 @@ def check_resume(make_loader, stop_after: int) -> None:
     assert cov["repeated"] == 0 and cov["seen"] == len(joined)
 
 
+def _epochs(dl, n: int) -> list[list]:
+    """n passes: per epoch, the batches' (indices, image checksum)."""
+    return [[(b.indices.tolist(), float(b.images.float().sum())) for b in dl] for _ in range(n)]
+
+
+def _consume(dl, stop: int) -> list:
+    """Take `stop` batches across passes (a pass runs to its end before the next begins), then stop."""
+    got = []
+    while len(got) < stop:
+        for b in dl:
+            got.append((b.indices.tolist(), float(b.images.float().sum())))
+            if len(got) == stop:
+                break
+    return got
+
+
+def check_resume_contract(make, name: str) -> None:
+    """make(rank, world) -> fresh loader. A state saved at the start, mid-epoch, mid-way through the
+    second epoch and at an epoch's end restores into a fresh loader that yields exactly the batches
+    (samples and pixels) the uninterrupted run yields from there; the rank split is disjoint and complete."""
+    ref = _epochs(make(0, 1), 2)
+    n = len(ref[0])
+    flat = ref[0] + ref[1]
+    for stop in (0, n // 2, n, n + n // 2):
+        first = make(0, 1)
+        seen = _consume(first, stop)
+        second = make(0, 1)
+        second.load_state_dict(first.state_dict())
+        rest = [(b.indices.tolist(), float(b.images.float().sum())) for b in second]
+        if stop % n == 0 and stop:          # saved at an epoch's end: the next pass is the next epoch
+            assert rest == ref[1], f"{name}: resume at the end of epoch 0"
+            continue
+        epoch_end = n if stop < n else 2 * n
+        assert seen == flat[:stop], f"{name}: the run before the stop"
+        assert [r[0] for r in rest] == [f[0] for f in flat[stop:epoch_end]], f"{name}: samples after stop {stop}"
+        assert np.allclose([r[1] for r in rest], [f[1] for f in flat[stop:epoch_end]], rtol=1e-4), \
+            f"{name}: pixels after stop {stop}"
+        cov = second.coverage()
+        assert cov["repeated"] == 0 and cov["missed"] == 0, f"{name}: coverage after stop {stop}"
+    total = len(make(0, 1).coverage_audit.counts)
+    parts = [np.concatenate([b.indices.numpy() for b in make(r, 2)]) for r in range(2)]
+    joined = np.concatenate(parts)
+    assert len(np.unique(joined)) == len(joined) == total - total % 2, f"{name}: rank split"
+
+
 def kill_build_after(cmd: list[str], dest, shards_done: int, extra_s: float) -> bool:
     """Start a build, wait until its journal records `shards_done` shards, wait `extra_s` more, then
     kill -9 the build and its workers. True if the build was left unfinished."""

@@ -243,3 +243,16 @@ def test_step_fence_waits_on_the_oldest_step_once_the_limit_is_reached():
     none = StepFence(2, None)   # CPU: nothing recorded, nothing waited on
     none.record(), none.wait()
     assert not none.pending
+
+
+def test_engine_does_not_augment_uint8_batches_and_says_what_to_do(raw_cache):
+    """Batches are augmented once, by the loader (in the engine's dtype); a uint8 batch is an error
+    that names the fix instead of a second, float32 augmentation inside the engine."""
+    from fastdata.errors import EngineError
+
+    engine = Engine(SmallNet(10), EngineConfig(precision="fp32", log_every=1000), device=torch.device("cpu"))
+    with pytest.raises(EngineError, match="uint8 images: give the loader an augmentation"):
+        engine.fit(fastdata.loader(raw_cache, 8, device="cpu"), steps=1)
+    dl = fastdata.loader(raw_cache, 8, device="cpu", augment=AugmentConfig(size=32))
+    engine.train_step(next(iter(dl)))
+    assert engine.global_step == 1

@@ -177,3 +177,19 @@ def test_dali_mixed_native_reader_and_feed_agree_across_epochs(image_folder):
         for a, b in zip(native, feed, strict=True):
             assert a.labels.is_cuda and torch.equal(a.indices, b.indices) and torch.equal(a.labels, b.labels)
             assert torch.equal(a.images, b.images)
+
+
+@pytest.mark.parametrize("backend,data", [("raw", "raw_cache"), ("nvjpeg", "image_folder"), ("nvjpeg", "jpeg_cache")])
+def test_resume_contract_on_the_gpu(backend, data, request):
+    """The CPU suite's resume contract (tests/test_read_pipeline.py) for the backends that need CUDA."""
+    if backend == "nvjpeg":
+        pytest.importorskip("torchvision")
+    from helpers import check_resume_contract
+
+    path = request.getfixturevalue(data)
+
+    def make(rank, world):
+        return fastdata.loader(path, 16, backend=backend, device="cuda", seed=5, rank=rank, world_size=world,
+                               augment=AugmentConfig(size=32, dtype="float32"))
+
+    check_resume_contract(make, f"{backend}/{data}")
