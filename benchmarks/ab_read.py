@@ -46,6 +46,9 @@ def child(a) -> None:
     nvj = fastdata.decode_loader(a.src, bs, backend="nvjpeg", dtype="bfloat16", threads=12, drop_last=True)
     out["loader raw"] = drain(raw, a.seconds)
     out["loader nvjpeg"] = drain(nvj, a.seconds)
+    if a.rows == "loader":
+        print("AB " + json.dumps(out), flush=True)
+        return
     fit = dict(time_limit=a.seconds, warmup_steps=8, epochs=100)
 
     def engine(graph: bool):
@@ -75,7 +78,7 @@ def _data(a, work: Path) -> tuple[Path, Path]:
 def _run_tree(tree: str, a, src: Path, raw: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": f"{tree}:{HERE}"}
     cmd = [sys.executable, __file__, "--child", "--src", str(src), "--raw", str(raw), "--seconds", str(a.seconds),
-           "--batch-size", str(a.batch_size)]
+           "--batch-size", str(a.batch_size), "--rows", a.rows]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.child_timeout)
     line = [x for x in r.stdout.splitlines() if x.startswith("AB ")]
     if not line:
@@ -92,6 +95,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--child-timeout", type=float, default=400)
+    ap.add_argument("--rows", default="all", choices=("all", "loader"), help="loader: the loader-alone rows only")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -112,6 +116,8 @@ def main() -> None:
     lines = ["| row | old img/s | new img/s | new/old |", "|---|---|---|---|"]
     for r in ROWS:
         o, n = mean["old"][r], mean["new"][r]
+        if not (o or n):
+            continue
         lines.append(f"| {r} | {o:,.0f} | {n:,.0f} | {n / o:.3f} |" if o else f"| {r} | - | {n:,.0f} | - |")
     table = "\n".join(lines)
     print(table)

@@ -39,7 +39,7 @@ stage_probe() {     # PROBE_MODEL=resnet18
 }
 stage_ab() {        # the read pipeline against the old tree carried in .old (git archive OLD fastdata | tar -x -C .old)
     timeout ${AB_TIMEOUT:-540} $PY benchmarks/ab_read.py --old "$PWD/.old" --per-class ${AB_PER_CLASS:-400} \
-        --seconds ${AB_SECONDS:-5} --rounds ${AB_ROUNDS:-1} --out "$RES" 2>&1 | grep -v "Warning\|warn(" | tail -30
+        --seconds ${AB_SECONDS:-5} --rounds ${AB_ROUNDS:-1} --rows ${AB_ROWS:-all} --out "$RES" 2>&1 | grep -v "Warning\|warn(" | tail -30
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 for s in "$@"; do

@@ -8,8 +8,8 @@ they share lives here, once::
                  main thread:        backend.finish(): the batch, on the training stream -> Batch
 
 * Reads run ``prefetch`` batches ahead, across the epoch end into the next
-  epoch, so an epoch starts warm; the next batch's stage() is in flight
-  behind the batch being trained on.
+  epoch, so an epoch starts warm; the next ``backend.stage_ahead`` batches'
+  stage() is in flight behind the batch being trained on.
 * A batch is named by key = (epoch, position); the order is a pure function
   of (seed, epoch), so reads made ahead survive an early exit, a next epoch
   and a state_dict(), and are dropped (after waiting) when
@@ -158,9 +158,8 @@ class Loader:
                     break
                 self._submit(*nxt)
             batch_no = pos // self.cfg.batch_size + k
-            self._stage(self._inflight[0], batch_no)
-            if len(self._inflight) > 1:
-                self._stage(self._inflight[1], batch_no + 1)
+            for j in range(min(len(self._inflight), 1 + self.backend.stage_ahead)):
+                self._stage(self._inflight[j], batch_no + j)
             ent = self._inflight.popleft()
             images, labels = self.backend.finish(ent["staged"], ent["idx"])
             self._yielded(ent["idx"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 class BaseBackend:
     streamed = False
+    stage_ahead = 1        # batches staged (copy or GPU decode in flight) beyond the one being trained on
 
     def attach(self, order) -> None:
         """The loader's SampleOrder, for backends that plan ahead themselves (DALI)."""

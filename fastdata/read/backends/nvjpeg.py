@@ -5,9 +5,8 @@
                      crop-resize (gpu_resize.py), flip and normalise; records an event
     training thread: waits for that event on its stream (no host sync)
 
-so the training thread launches none of the decode work. The core stages
-the next batch behind the current one, so the GPU thread works up to two
-batches ahead.
+so the training thread launches none of the decode work; the GPU thread
+works up to two batches ahead (stage_ahead).
 """
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ from .gpu_resize import crop_resize, pack
 
 class NvjpegBackend(BaseBackend):
     kind = "nvjpeg"
+    stage_ahead = 2        # the GPU thread decodes two batches ahead, as the wave-1 DecodeLoader did
 
     def __init__(self, source: EncodedSource, cfg, device: torch.device) -> None:
         try:
