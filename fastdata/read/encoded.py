@@ -64,7 +64,9 @@ class EncodedSource:
             return data.numpy(), label
         item = self.items[int(i)]
         try:
-            return np.frombuffer(read_item(item), dtype=np.uint8), item.label
+            if item.span is None and "://" not in item.path:    # a plain file: one read, a writable array
+                return np.fromfile(item.path, dtype=np.uint8), item.label
+            return np.frombuffer(bytearray(read_item(item)), dtype=np.uint8), item.label
         except OSError as e:
             raise LoaderError(f"{item.path}: cannot read ({e.strerror}); the image folder changed since the "
                               f"loader started") from e
