@@ -142,3 +142,16 @@ def test_the_package_has_no_import_cycles():
 
     cycles = sorted(f"{a} -> {b} -> ... -> {a}" for a in edges for b in edges[a] if a in reach(b, set()))
     assert not cycles, "import cycles between sub-packages: " + "; ".join(cycles)
+
+
+def test_stage_option_reads_from_the_staged_copy_and_reuses_it(raw_cache, tmp_path):
+    """The tmpfs store: loader(stage=) copies the cache once and reads the copy, sample for sample."""
+    target = tmp_path / "shm" / "c"
+    dl = fastdata.loader(raw_cache, 16, device="cpu", shuffle=False, stage=str(target))
+    assert dl.backend.cache.path == target and (target / "manifest.json").is_file()
+    ref = fastdata.loader(raw_cache, 16, device="cpu", shuffle=False)
+    for a, b in zip(dl, ref):
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
+    mtime = (target / "manifest.json").stat().st_mtime_ns
+    again = fastdata.loader(raw_cache, 16, device="cpu", stage=str(target))
+    assert again.backend.cache.path == target and (target / "manifest.json").stat().st_mtime_ns == mtime

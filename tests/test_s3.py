@@ -63,8 +63,10 @@ def test_build_to_s3_verify_and_read_back_with_resume(image_folder, bucket, tmp_
     for b in dl:
         for i, img in zip(b.indices.tolist(), b.images):
             assert np.array_equal(img.numpy(), ref[i][0].numpy())
+    table = dl.backend.cache.gather_table()     # fetched shards joined the one-call gather table
+    assert table is not None and dl.backend.cache._table and table.grid is not None
     folder = tmp_path / "shards"
-    dl.backend.cache._remote.join()
+    dl.backend.cache.store.join()
     assert sum(p.stat().st_size for p in folder.iterdir()) <= 3_000_000   # bounded, with eviction
     assert len(list(folder.iterdir())) < len(m.shards)
     assert not list(folder.glob("*.part-*"))
@@ -84,7 +86,7 @@ def test_a_fetch_that_fails_mid_shard_is_retried_and_never_published(image_folde
     url = f"s3://{bucket}/c"
     build(image_folder, url, workers=0)
     dl = fastdata.loader(url, 16, device="cpu", remote=_remote(tmp_path, "20MB"))
-    fs = dl.backend.cache._remote.fs
+    fs = dl.backend.cache.store.fs
     real, failed = fs.get_file, []
 
     def flaky(rpath, lpath, **kw):
@@ -96,7 +98,7 @@ def test_a_fetch_that_fails_mid_shard_is_retried_and_never_published(image_folde
         return real(rpath, lpath, **kw)
     fs.get_file = flaky
     assert sum(len(b) for b in epoch_indices(dl)) == 120 and failed
-    dl.backend.cache._remote.join()
+    dl.backend.cache.store.join()
     assert not list((tmp_path / "shards").glob("*.part-*"))
 
 

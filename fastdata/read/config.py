@@ -37,6 +37,9 @@ class RawOptions:
     # exceeds half the memory budget; a size ("8GB") forces them with that budget; None: never
     memory: str | int | None = "auto"
     remote: object = None               # stores.fetch.RemoteConfig for an s3:// cache
+    # a tmpfs folder (e.g. "/dev/shm/imagenet") to copy a local cache into first and read from
+    # (cache/stage.py: skipped with a warning when it would not fit; reused when already there)
+    stage: str | None = None
 
     def check(self) -> None:
         check_mode(self.integrity)

@@ -78,10 +78,14 @@ def fill_batch(cache: Cache, idx: np.ndarray, slot: dict, read: str = "mmap") ->
 
 def _fill(cache: Cache, idx: np.ndarray, images: torch.Tensor, labels: torch.Tensor, read: str) -> None:
     table = cache.gather_table() if read == "mmap" else None
-    if table is not None:   # the whole batch in one call: one GIL release (gather.py says why)
-        cache.check_unchanged(np.unique(shard_ids(cache, idx)), max_age=CHECK_EVERY_S)
-        labels[:len(idx)] = torch.from_numpy(table.labels[idx])
-        gather(table, idx, images.numpy())
+    ids = np.unique(shard_ids(cache, idx)) if table is not None else None
+    if table is not None and cache.pin_in_table(ids):   # the whole batch in one call: one GIL release (gather.py)
+        try:
+            cache.check_unchanged(ids, max_age=CHECK_EVERY_S)
+            labels[:len(idx)] = torch.from_numpy(table.labels[idx])
+            gather(table, idx, images.numpy())
+        finally:
+            table.release(ids)
         return
     shape = cache.sample_shape
     for s, local, lo, hi in _groups(cache, idx):

@@ -10,8 +10,8 @@ shard by shard and 9.9k img/s with this table (10k x 224 px cache, 64
 shards); alone, 8 readers on the 16-core H200 machine went from 11k to 155k
 img/s delivered to the GPU.
 
-How: every shard file is memory-mapped once more, back to back, inside one
-address range reserved for them alone (an anonymous PROT_NONE mapping,
+How (table.py builds it): every shard file is memory-mapped once more, back
+to back, inside one address range reserved for them alone (an anonymous PROT_NONE mapping,
 then each file mapped over its part with MAP_FIXED), so every sample is
 bytes at a fixed address inside that range and nothing else lives there.
 The range is viewed as a 2-D uint8 array of rows of ``granule`` bytes, where
@@ -35,27 +35,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
-import mmap
-import os
-import sys
-import weakref
-from dataclasses import dataclass
 
 import numpy as np
 
 MIN_GRANULE = 64        # bytes; the smallest rows measured (2-core box, 150 KB samples) still copy fast
-
-
-@dataclass(frozen=True)
-class SampleTable:
-    view: np.ndarray            # (range // granule, granule) uint8 over the reserved range
-    first_row: np.ndarray       # int64 [num_samples]: row of each sample's first byte
-    rows_per_sample: int
-    labels: np.ndarray          # int64 [num_samples]
-    base: int = 0               # address of the reserved range (stream.py unmaps a finished shard's pages)
-    starts: tuple = ()          # each shard file's start in the range
-    sizes: tuple = ()           # each shard file's size
 
 
 class _Range:
@@ -79,59 +62,12 @@ def _libc():
     return libc
 
 
-def map_back_to_back(paths: list, sizes: list[int]) -> tuple[int, int, list[int]] | None:
-    """Map the files read-only, each starting on a page, inside one reserved range.
-    (range address, range length, each file's start in it), or None where it cannot be done."""
-    if not sys.platform.startswith("linux") or not paths:
-        return None
-    page = mmap.PAGESIZE
-    spans = [-(-max(size, 1) // page) * page for size in sizes]
-    total, libc = sum(spans), _libc()
-    base = libc.mmap(None, total, _PROT_NONE, _MAP_PRIVATE | _MAP_ANON | _MAP_NORESERVE, -1, 0)
-    if base is None or base == ctypes.c_void_p(-1).value:
-        return None
-    starts = np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64).tolist()
-    for path, size, start in zip(paths, sizes, starts):
-        if size == 0:
-            continue
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            got = libc.mmap(base + start, size, _PROT_READ, _MAP_SHARED | _MAP_FIXED, fd, 0)
-        finally:
-            os.close(fd)
-        if got != base + start:
-            libc.munmap(base, total)
-            return None
-    return base, total, starts
-
-
-def build_table(shards: list, sample_bytes: int) -> SampleTable | None:
-    """The batch-gather table over these opened raw shards, or None where it does not apply."""
-    if not shards or sample_bytes <= 0 or any(s.data_offset is None for s in shards if len(s)):
-        return None
-    mapped = map_back_to_back([s.path for s in shards], [s.stat[0] for s in shards])
-    if mapped is None:
-        return None
-    base, total, starts = mapped
-    addr = np.concatenate([start + (s.data_offset or 0) + s.offsets[:-1].astype(np.int64)
-                           for s, start in zip(shards, starts)])
-    granule = math.gcd(sample_bytes, int(np.gcd.reduce(addr)) if len(addr) else sample_bytes)
-    if granule < MIN_GRANULE or not len(addr):
-        _libc().munmap(base, total)
-        return None
-    view = np.asarray(_Range(base, total // granule, granule))
-    labels = np.concatenate([s.labels for s in shards]).astype(np.int64)
-    table = SampleTable(view, addr // granule, sample_bytes // granule, labels, base, tuple(starts),
-                        tuple(int(s.stat[0]) for s in shards))
-    weakref.finalize(table, _libc().munmap, base, total)   # unmapped when the table is dropped
-    return table
-
-
-def gather(table: SampleTable, idx: np.ndarray, images: np.ndarray) -> None:
+def gather(table, idx: np.ndarray, images: np.ndarray) -> None:
     """Copy samples idx (global indices) into images[:len(idx)] (a C-contiguous uint8 array) in one call."""
     if not images.flags.c_contiguous:   # a reshape below would copy, and the gather would be lost
         raise ValueError("gather needs a C-contiguous output array")
-    rows = (table.first_row[idx][:, None] + np.arange(table.rows_per_sample)).ravel()
-    # mode="clip" writes straight into `images` (mode="raise" buffers a copy); every row number above
-    # was derived from a mapped sample's address, so none is out of range.
-    np.take(table.view, rows, axis=0, out=images[:len(idx)].reshape(len(rows), -1), mode="clip")
+    view, first_row, _, rows_per_sample = table.grid   # one consistent snapshot (table.py)
+    rows = (first_row[idx][:, None] + np.arange(rows_per_sample)).ravel()
+    # mode="clip" writes straight into `images` (mode="raise" buffers a copy); the caller pinned every
+    # shard of idx in the table, so every row number above is a mapped sample's
+    np.take(view, rows, axis=0, out=images[:len(idx)].reshape(len(rows), -1), mode="clip")

@@ -10,6 +10,7 @@ dropped on pickling and re-mapped lazily in the worker.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import threading
 import time
@@ -19,11 +20,14 @@ import numpy as np
 import torch
 
 from .._util import refuse_url
+from ..stores.local import LocalStore
 from ..stores.s3 import is_url
 from ..cache.format import Manifest, load_manifest
 from ..cache.shardfile import Shard, open_shard
 from ..errors import CacheFormatError
 from .integrity import ShardHasher, check_mode
+
+log = logging.getLogger("fastdata.reader")
 
 
 
@@ -31,18 +35,19 @@ class Cache:
     """A finished cache: manifest plus lazily mapped shards. Index with a global sample number."""
 
     def __init__(self, path: str | Path, integrity: str = "shard", remote=None) -> None:
-        self._remote_cfg, self._remote, self.url = None, None, None
+        self._remote_cfg, self.url = None, None
         if is_url(path):   # object storage: shards are fetched into a bounded local folder (stores/fetch.py)
             from ..stores.fetch import RemoteConfig
 
             self.url, self._remote_cfg = str(path).rstrip("/"), remote or RemoteConfig()
             self.manifest: Manifest = load_manifest(self.url, self._remote_cfg.storage_options)
-            self._remote = self._connect()
-            self.path = self._remote.folder
+            self.store = self._connect()
+            self.path = self.store.folder
         else:
             refuse_url(path, "cache")
             self.path = Path(path)
             self.manifest = load_manifest(self.path)
+            self.store = LocalStore(self.path, self.manifest.shards)
         counts = [s.count for s in self.manifest.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.integrity = check_mode(integrity)   # integrity.py: shard (default) | sample | off
@@ -56,12 +61,12 @@ class Cache:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_shards": {}, "_table": None, "_lock": None, "_checked": {}, "_hasher": None,
-                "_remote": None}
+                "store": None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _lock=threading.Lock())
         self._hasher = ShardHasher() if self.integrity == "shard" else None
-        self._remote = self._connect() if self.url else None
+        self.store = self._connect() if self.url else LocalStore(self.path, self.manifest.shards)
 
     def _connect(self):
         from ..stores.fetch import shared
@@ -72,11 +77,12 @@ class Cache:
         """The shard folder deleted shard i's file: forget its mapping (readers holding it keep theirs)."""
         self._shards.pop(i, None)
         self._checked.pop(i, None)
+        if self._table:
+            self._table.retire(i)
 
     def read_ahead(self, shard_ids) -> None:
         """Shards in the order they will first be read: fetched ahead from object storage."""
-        if self._remote is not None:
-            self._remote.read_ahead(shard_ids)
+        self.store.read_ahead(shard_ids)
 
     def check_integrity(self) -> None:
         """Raise a CacheFormatError for damage found so far (integrity="shard"; never waits)."""
@@ -108,13 +114,14 @@ class Cache:
         shard = self._shards.get(i)
         if shard is None:
             info = self.manifest.shards[i]
-            path = self._remote.get(i) if self._remote is not None else self.path / info.name
+            path = self.store.get(i)
             try:
                 shard = self._shards[i] = open_shard(path, info, self.path)
+                if self.store.evicts and self._table:   # while the store still holds the file
+                    self._add_fetched(i, shard)
             finally:
-                if self._remote is not None:
-                    self._remote.release(i)   # mapped now: the folder may evict the file (and forget it here)
-            if self._hasher is not None and self._remote is None:   # (a fetched shard's sha256 was checked)
+                self.store.release(i)   # mapped now: the store may evict the file (and forget it here)
+            if self._hasher is not None and not self.store.verified:   # (a fetched shard's sha256 was checked)
                 self._hasher.submit(i, path, info.sha256, lambda: open_shard(path, info, self.path))
         return shard
 
@@ -135,19 +142,60 @@ class Cache:
             np.zeros(0, np.int64)
 
     def gather_table(self):
-        """The one-call batch gather table of a fixed-shape raw cache (fastdata/data/gather.py), built
-        once per process on first use by mapping every shard; None where it does not apply."""
-        if self.manifest.kind != "raw" or self.sample_shape is None or self._remote is not None:
-            return None   # (a remote cache is never mapped whole: its folder holds a bounded part)
+        """The one-call batch gather table of a fixed-shape raw cache (gather.py, table.py): reserved
+        once per process, filled as shards are mapped; None where it does not apply."""
+        if self.manifest.kind != "raw" or self.sample_shape is None:
+            return None
         if self._table is None or self._pid != os.getpid():
-            from .gather import build_table
+            from .table import ShardTable, TableFull
 
             with self._lock:
                 if self._table is None or self._pid != os.getpid():
-                    shards = [self.shard(i) for i in range(self.num_shards)]
-                    table = build_table(shards, int(np.prod(self.sample_shape)))
-                    self._table = table if table is not None else False
+                    self._pid = os.getpid()
+                    try:
+                        self._table = ShardTable([s.bytes for s in self.manifest.shards],
+                                                 [s.count for s in self.manifest.shards],
+                                                 int(np.prod(self.sample_shape)))
+                    except TableFull:
+                        self._table = False
         return self._table or None
+
+    def pin_in_table(self, shard_ids) -> bool:
+        """Map (fetching if need be) and pin these shards in the gather table for one gather; the caller
+        releases them. False: the table cannot take them, copy shard by shard instead."""
+        from .table import TableFull
+
+        table = self.gather_table()
+        for _ in range(4):          # a store may evict a shard between its mapping and the pin: again
+            if table is None or not self._table:
+                return False
+            if table.acquire(shard_ids):
+                return True
+            try:
+                for i in shard_ids:
+                    if int(i) not in table.mapped:
+                        self._table_add(int(i), table)
+            except TableFull as e:
+                log.debug("gather table off for %s: %s", self.path, e)
+                self._table = False
+                return False
+        return False
+
+    def _add_fetched(self, i: int, shard) -> None:
+        from .table import TableFull
+
+        try:
+            self._table.add(i, shard)
+        except TableFull as e:
+            log.debug("gather table off for %s: %s", self.path, e)
+            self._table = False
+
+    def _table_add(self, i: int, table) -> None:
+        if self.store.evicts:     # the file may be gone since it was opened: fetch and map afresh
+            self._shards.pop(i, None)
+        shard = self.shard(i)
+        if i not in table.mapped:
+            table.add(i, shard)
 
     def check_unchanged(self, shard_ids=None, max_age: float = 0.0) -> None:
         """Raise if a mapped shard was replaced or resized on disk (a cache rebuilt under a reader).
@@ -167,7 +215,7 @@ class Cache:
                 now = (st.st_size, st.st_ino, st.st_mtime_ns)
             except OSError:
                 now = (-1, -1, -1)
-            if now != shard.stat and self._remote is not None and self._shards.get(int(i)) is not shard:
+            if now != shard.stat and self.store.evicts and self._shards.get(int(i)) is not shard:
                 continue   # the shard folder evicted it meanwhile (its mapping stays valid): not a change
             if now != shard.stat:
                 raise CacheFormatError(f"{shard.path}: changed on disk while being read (size {shard.stat[0]} -> "

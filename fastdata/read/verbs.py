@@ -83,7 +83,12 @@ def _make_backend(data, cfg: LoaderConfig, device: torch.device):
     if cfg.backend == "raw":
         from .backends.raw import RawBackend
 
-        cache = data if isinstance(data, Cache) else open_cache(data, cfg.options.integrity, cfg.options.remote)
+        opts = cfg.options
+        if opts.stage and not isinstance(data, Cache):
+            from ..cache.stage import stage_cache
+
+            data = stage_cache(data, opts.stage)
+        cache = data if isinstance(data, Cache) else open_cache(data, opts.integrity, opts.remote)
         return RawBackend(cache, cfg, device)
     from .encoded import EncodedSource
 

@@ -56,6 +56,12 @@ def _sha256(path: Path) -> str:
 
 
 class RemoteShards:
+    """The object-storage shard store (stores/local.py names the interface): shards fetched ahead of
+    the sample order into a bounded local folder, checked against their sha256, evicted LRU."""
+
+    evicts = True
+    verified = True
+
     def __init__(self, url: str, shards, cfg: RemoteConfig, on_evict=None) -> None:
         self.url, self.shards, self.cfg = url.rstrip("/"), list(shards), cfg
         self.folder = Path(cfg.folder) if cfg.folder else default_folder(self.url)
