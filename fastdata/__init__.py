@@ -1,5 +1,23 @@
 """fastdata: make PyTorch training GPU-bound instead of input-bound.
 
+The flow, and the files that carry it::
+
+  source       cache/sources.py (image folder, file list, s3:// prefix), cache/tarsource.py (WebDataset
+               tars); read_item() reads an item's bytes for the build and for the decoding backends
+    -> build   cache/build.py, jobs.py, codecs.py (the one decode), writers.py, journal.py (resume),
+               executors.py (process pool | Dask), merge.py (--part i/n), verify.py, plan.py (sizes)
+    -> shards  cache/format.py (manifest, layout), cache/shardfile.py (opening a shard, refusing code)
+    -> store   stores/local.py (a folder; cache/stage.py makes a tmpfs copy), stores/fetch.py + s3.py
+               (object storage through a bounded local folder)
+    -> loader  read/verbs.py (fastdata.loader: picks the backend), read/config.py (LoaderConfig),
+               read/core.py (the one Loader: order.py, batch.py coverage, read-ahead, slots, state)
+    -> backend read/backends/raw.py (fill.py, table.py + gather.py, stream.py), pil.py, nvjpeg.py,
+               dali.py (dali_plan.py, dali_crop.py); augment.py + augment_triton.py, crop.py (plans)
+    -> device  pinned slots, side-stream copies, one augmentation kernel in the batch dtype
+    -> engine  engine/engine.py (fit, train_step), step.py, graph.py, distributed.py, checkpoint.py
+  cli/assemble.py makes (engine, loader) from one RunConfig for `train`, `doctor` and benchmarks;
+  monitor/ (nvml.py, profile.py, doctor.py, bootstrap.py for unmodified scripts) watches the last three.
+
 Public verbs are imported lazily, so `import fastdata` stays cheap and an
 optional backend that is missing (DALI, torchvision) never breaks it.
 """

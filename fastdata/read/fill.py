@@ -3,10 +3,10 @@
 Raw caches, read="mmap" (default): one numpy.take for the whole batch over
 every shard mapped back to back in one address range (gather.py: one GIL
 release per batch, copying on this thread only). Where that table does not
-apply, one numpy.take per shard the batch touches. On the H200 machine
-(16 cores, 10k x 224 px, 8 readers) this delivers 155k img/s to the GPU and
-gathers 203k img/s with one thread per core (2026-12-03), against 11k and
-14k with the index_select per shard used before.
+apply, one numpy.take per shard the batch touches. On a 16-core GPU
+machine the one-call gather is an order of magnitude faster than the
+index_select per shard used before (benchmarks/loader.py; the README's
+loader table).
 
 Why not torch.index_select: from a non-main thread it opens an OpenMP team
 sized for every core, so 4 readers on 16 cores ran 64 threads; one reader

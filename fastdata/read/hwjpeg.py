@@ -7,11 +7,11 @@ does the Huffman decoding on the CPU). Where the engines are not reachable
 DALI silently decodes everything the hybrid way and ``hw_decoder_load``
 changes nothing. The usual causes: a GPU without the engines (most besides
 A100, A30, H100, H200) or a container started without the driver's ``video``
-capability (``--gpus '"capabilities=compute,utility,video"'``). On the H200
-VM (2026-12-03) the probe found 7 engines and DALI's decode benchmark saw
-them 17-51% busy; decode-only speed barely moved with hw_decoder_load, but
-end to end with 1.0 (no CPU Huffman competing with the training process)
-ResNet-50 from JPEG files reached 6,054 img/s, 89.8% of synthetic.
+capability (``--gpus '"capabilities=compute,utility,video"'``). On an H200
+the probe finds 7 engines; decode alone barely changes with hw_decoder_load,
+but end to end 1.0 is faster (no CPU Huffman decoding competes with the
+training process): benchmarks/decode.py and pipeline.py, the README's DALI
+section.
 
 This asks nvJPEG itself: nvjpegCreateEx with the hardware backend succeeds
 only where the engines are usable, and nvjpegGetHardwareDecoderInfo counts

@@ -12,9 +12,8 @@ Three modes (``fastdata.loader(..., integrity=...)``, ``open_cache(path, integri
           read twice on the reader threads.
   off     no check (`fastdata verify` remains the full audit).
 
-Measured (benchmarks/integrity.py, results/integrity-*-2026-12-03.md), against off in the same run:
-shard 0.98x on the 2-core CPU box and 1.09x (noise) to the GPU on the 16-core H200 machine; sample
-0.75x and 0.38x.
+The cost of each mode against off is measured by benchmarks/integrity.py (results/integrity-*;
+the README's table): shard is within noise, sample costs a reader-bound loader a large share.
 Why shard is the default: it catches every flipped byte in pixels, labels or metadata within
 seconds of the first epoch starting, at a cost the training thread does not see.
 """

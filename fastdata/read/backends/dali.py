@@ -201,10 +201,10 @@ class DaliBackend(BaseBackend):
         return p
 
     def _run(self, lane: _Lane):
-        """pipe.run() in this (training) thread. Tried and rejected (H200, 2026-12-03): running DALI in
-        a producer thread so that feeding and output copies leave the training thread. Data wait fell
-        (23% -> 13%) but so did the duty cycle: row 7 went from 6,054 to 4,942 img/s and 6b from 6,273 to
-        5,470; the producer's Python competes with the training thread for the GIL."""
+        """pipe.run() in this (training) thread. Tried and rejected (benchmarks/pipeline.py rows 6b and 7,
+        results/pipeline-H200-*): running DALI in a producer thread so that feeding and output copies
+        leave the training thread. Data wait fell but so did the duty cycle, and both rows lost 13-18%:
+        the producer's Python competes with the training thread for the GIL."""
         try:
             # outputs bound to our stream: no host wait for DALI's GPU work (which queues behind the
             # training step's kernels); the training stream waits for it instead
