@@ -11,7 +11,7 @@ This takes the pipeline apart on the same files:
     decode       + fn.decoders.image, mixed, hardware decoder share 1.0 or 0 (nothing else)
     2 pipelines  two bare decode pipelines driven in turn: if the pair doubles the rate, one
                  pipeline's batch latency, not the decoder, is the limit
-    loader       fastdata's DaliLoader (crop, resize, normalise, copies to torch), with the
+    loader       fastdata's dali backend (crop, resize, normalise, copies to torch), with the
                  native file reader or the Python feed, 1-3 pipelines in turn, 4 / 8 / 16 CPU threads
 
 Each row also reports GPM SM activity and the JPEG engines' NVML utilization.

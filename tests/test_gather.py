@@ -38,7 +38,7 @@ def test_table_gather_equals_shard_by_shard_copy(fixture, request):
 
 
 class _FileShard:
-    """The fields build_table reads, over a real file of equal-size samples."""
+    """The fields ShardTable.add reads, over a real file of equal-size samples."""
 
     def __init__(self, path, sample_bytes: int, n: int, data_offset: int = 0) -> None:
         payload = np.random.default_rng(n).integers(0, 256, sample_bytes * n, dtype=np.uint8)

@@ -194,3 +194,10 @@ def test_train_ships_batches_in_the_precision_dtype(raw_cache, tmp_path, monkeyp
     args[args.index("--precision") + 1] = precision
     assert main(args) == 0
     assert seen == [dtype]
+
+
+def test_make_demo_runs_the_whole_path(tmp_path, capsys):
+    """`make demo` (fastdata demo): sample photos -> cache -> loader -> engine steps, end to end."""
+    assert main(["demo", "--out", str(tmp_path / "s"), "--per-class", "4", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "build:" in out and "coverage" in out and "train: 3 steps" in out
