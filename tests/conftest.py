@@ -38,3 +38,11 @@ def jpeg_cache(image_folder, tmp_path_factory):
     dest = tmp_path_factory.mktemp("jpeg") / "cache"
     build(image_folder, dest, encode="jpeg", quality=95, shard_size="200KB", workers=2)
     return dest
+
+
+@pytest.fixture(scope="session")
+def variable_cache(image_folder, tmp_path_factory):
+    """A raw cache of images of different sizes (--resize short: aspect kept)."""
+    dest = tmp_path_factory.mktemp("var") / "cache"
+    build(image_folder, dest, resize="short", size=48, workers=2, shard_size="300KB")
+    return dest

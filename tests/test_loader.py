@@ -221,11 +221,11 @@ def test_autotune_stays_within_the_usable_cpus(raw_cache, monkeypatch):
     assert max(c["workers"] for c, _ in tuned.tuning["measured"]) <= 2
 
 
-def test_loader_refuses_variable_shapes_and_bad_args(image_folder, tmp_path):
+def test_variable_shapes_need_a_crop_and_bad_args_are_refused(image_folder, tmp_path):
     from helpers import build
 
     build(image_folder, tmp_path / "v", resize="short", workers=0)
-    with pytest.raises(LoaderError, match="fixed-shape"):
+    with pytest.raises(LoaderError, match="different sizes .* pass augment=True"):
         fastdata.loader(tmp_path / "v", 8, device="cpu")
     assert CacheDataset(tmp_path / "v")[0][0].shape[2] == 3
     from fastdata.read.order import SampleOrder, OrderConfig

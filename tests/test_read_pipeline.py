@@ -38,7 +38,7 @@ def _dali_ok() -> bool:
     return dali_available()
 
 
-CASES = [("raw", "raw_cache"), ("raw", "jpeg_cache"), ("pil", "image_folder"), ("pil", "jpeg_cache"),
+CASES = [("raw", "raw_cache"), ("raw", "jpeg_cache"), ("raw", "variable_cache"), ("pil", "image_folder"), ("pil", "jpeg_cache"),
          ("pil", "tar_source"), ("dali", "image_folder"), ("dali", "jpeg_cache")]
 
 
@@ -155,3 +155,42 @@ def test_stage_option_reads_from_the_staged_copy_and_reuses_it(raw_cache, tmp_pa
     mtime = (target / "manifest.json").stat().st_mtime_ns
     again = fastdata.loader(raw_cache, 16, device="cpu", stage=str(target))
     assert again.backend.cache.path == target and (target / "manifest.json").stat().st_mtime_ns == mtime
+
+
+def test_a_packed_slot_grows_when_a_batch_needs_more_room(variable_cache):
+    from fastdata.read.dataset import CacheDataset
+    from fastdata.read.fill import fill_packed
+    from fastdata.read.reader import open_cache
+
+    cache, ds = open_cache(variable_cache), CacheDataset(variable_cache)
+    slot = {"images": torch.zeros(10, dtype=torch.uint8), "labels": torch.zeros(4, dtype=torch.int64)}
+    idx = np.array([1, 2, 50, 119])
+    h, w, offsets = fill_packed(cache, idx, slot, lambda n: torch.zeros(n, dtype=torch.uint8))
+    assert slot["images"].numel() == slot["nbytes"] > 10
+    for k, i in enumerate(idx):
+        img, label = ds[int(i)]
+        assert (h[k], w[k]) == img.shape[:2] and int(slot["labels"][k]) == label
+        assert torch.equal(slot["images"][offsets[k]:offsets[k] + img.numel()], img.flatten())
+
+
+@pytest.mark.parametrize("kernel", ["eager", "compiled"])
+def test_variable_shape_raw_cache_goes_through_the_same_crop_path(variable_cache, kernel):
+    """--resize short|max caches: samples packed end to end in the slot, each cropped by its own plan;
+    equal to cropping each stored image alone with the same plan."""
+    from fastdata.read.augment import apply_plan
+    from fastdata.read.crop import draw_plan
+    from fastdata.read.dataset import CacheDataset
+
+    aug = AugmentConfig(size=32, train=False, kernel=kernel)
+    ds = CacheDataset(variable_cache)
+    shapes = {tuple(ds[i][0].shape) for i in range(len(ds))}
+    assert len(shapes) > 1                                   # really variable
+    dl = fastdata.loader(variable_cache, 16, device="cpu", shuffle=False, augment=aug)
+    assert dl.cfg.backend == "raw"
+    for b in dl:
+        assert b.images.shape[1:] == (3, 32, 32)
+        for img, i in zip(b.images, b.indices.tolist()):
+            one = ds[i][0]
+            plan = torch.from_numpy(draw_plan(aug, 0, [one.shape[0]], [one.shape[1]]))
+            want = apply_plan(one[None].contiguous(), plan, AugmentConfig(size=32, train=False, kernel="eager"))[0]
+            assert torch.allclose(img, want, atol=1e-4)

@@ -109,3 +109,40 @@ def _fill(cache: Cache, idx: np.ndarray, images: torch.Tensor, labels: torch.Ten
                     raise CacheFormatError(f"{shard.path}: sample {int(j)} decodes to {arr.shape}, "
                                            f"manifest says {tuple(shape)}; rebuild the cache")
                 images[pos].numpy()[...] = arr
+
+
+def fill_packed(cache: Cache, idx: np.ndarray, slot: dict, grow) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Variable-shape raw caches (--resize short|max): samples idx packed end to end into the flat
+    slot['images'] (grown with grow(nbytes) when a batch needs more room), labels into slot['labels'].
+    Returns each sample's (height, width, byte offset) for its crop plan (augment.apply_plan)."""
+    copied = slot.get("copied")
+    if copied is not None:
+        copied.synchronize()  # host wait, in this reader thread: the previous copy out of the slot is done
+    cache.check_integrity()
+    n = len(idx)
+    hw = np.zeros((n, 2), np.int64)
+    sizes = np.zeros(n, np.int64)
+    groups = list(_groups(cache, idx))
+    for s, local, lo, hi in groups:
+        shard = cache.shard(s)
+        cache.check_unchanged([s], max_age=CHECK_EVERY_S)
+        hw[lo:hi] = shard.shapes[local, :2]
+        sizes[lo:hi] = shard.offsets[local + 1] - shard.offsets[local]
+        slot["labels"][lo:hi] = torch.from_numpy(shard.labels[local])
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    total = int(sizes.sum())
+    if total > slot["images"].numel():
+        slot["images"] = grow(total)
+    flat = slot["images"].numpy()
+    for s, local, lo, hi in groups:
+        shard = cache.shard(s)
+        data = shard.data.numpy()
+        for k, j in zip(range(lo, hi), local):
+            a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
+            flat[offsets[k]:offsets[k] + b - a] = data[a:b]
+        if cache.integrity == "sample":
+            rows = [flat[offsets[k]:offsets[k] + sizes[k]] for k in range(lo, hi)]
+            for k, row in zip(range(lo, hi), rows):
+                check_rows(row[None], shard.crc32[[local[k - lo]]], lambda _: cache.sample_name(idx[k]))
+    slot["nbytes"] = total
+    return hw[:, 0], hw[:, 1], offsets

@@ -179,7 +179,8 @@ def test_dali_mixed_native_reader_and_feed_agree_across_epochs(image_folder):
             assert torch.equal(a.images, b.images)
 
 
-@pytest.mark.parametrize("backend,data", [("raw", "raw_cache"), ("nvjpeg", "image_folder"), ("nvjpeg", "jpeg_cache")])
+@pytest.mark.parametrize("backend,data", [("raw", "raw_cache"), ("raw", "variable_cache"), ("nvjpeg", "image_folder"),
+                                          ("nvjpeg", "jpeg_cache")])
 def test_resume_contract_on_the_gpu(backend, data, request):
     """The CPU suite's resume contract (tests/test_read_pipeline.py) for the backends that need CUDA."""
     if backend == "nvjpeg":

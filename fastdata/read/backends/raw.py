@@ -23,7 +23,7 @@ from ..._util import human_bytes, memory_budget, parse_size
 from ...errors import LoaderError
 from ..augment import apply_plan, batch_seed
 from ..crop import PLAN_COLUMNS, draw_plan
-from ..fill import fill_batch, shard_ids
+from ..fill import fill_batch, fill_packed, shard_ids
 from ..reader import Cache
 from ..stream import Streamer, stream_window
 from . import BaseBackend
@@ -45,10 +45,14 @@ class RawBackend(BaseBackend):
 
     def __init__(self, cache: Cache, cfg, device: torch.device) -> None:
         m = cache.manifest
-        if m.kind == "bytes" or m.sample_shape is None:
-            raise LoaderError(f"{cache.path}: backend raw reads fixed-shape caches (this one: kind={m.kind}, "
-                              f"shape={m.sample_shape}); use backend pil|nvjpeg|dali for JPEGs of any size, "
-                              f"rebuild with --resize fixed, or use fastdata.CacheDataset with a DataLoader")
+        self.variable = m.kind == "raw" and m.sample_shape is None   # --resize short|max: packed slots
+        if m.kind == "bytes" or (m.sample_shape is None and not self.variable):
+            raise LoaderError(f"{cache.path}: backend raw reads raw caches and fixed-shape JPEG caches (this one: "
+                              f"kind={m.kind}, shape={m.sample_shape}); use backend pil|nvjpeg|dali for JPEGs of "
+                              f"any size, or fastdata.CacheDataset with a DataLoader for other kinds")
+        if self.variable and cfg.augment is None:
+            raise LoaderError(f"{cache.path}: its images have different sizes (built with --resize short|max), so "
+                              f"a batch needs a crop to one size: pass augment=True or an AugmentConfig")
         self.cache, self.cfg, self.device = cache, cfg, device
         self.name, self.where = f"cache-{m.kind}", str(cache.path)
         self.shard_counts = [s.count for s in m.shards]
@@ -64,7 +68,7 @@ class RawBackend(BaseBackend):
         total = sum(s.bytes for s in cache.manifest.shards)
         if opts.memory == "auto" and total <= budget // 2:
             return None, opts.window
-        sample_bytes = int(np.prod(cache.sample_shape))
+        sample_bytes = self._sample_bytes()
         budget -= (cfg.read_ahead + 2) * cfg.batch_size * sample_bytes   # the batch slots live there too
         if budget < 4 * max(s.bytes for s in cache.manifest.shards):
             raise LoaderError(f"{cache.path}: a memory budget of {human_bytes(budget)} (after the batch slots) "
@@ -75,6 +79,19 @@ class RawBackend(BaseBackend):
                  cache.path, human_bytes(total), human_bytes(budget), window)
         return Streamer(cache, budget, lag=cfg.read_ahead + 2), window
 
+    def _sample_bytes(self) -> int:
+        """Bytes per sample: exact for fixed shapes, the mean for variable ones."""
+        m = self.cache.manifest
+        if m.sample_shape is not None:
+            return int(np.prod(m.sample_shape))
+        return max(1, sum(s.bytes for s in m.shards) // max(1, m.num_samples))
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        """A flat uint8 buffer for packed variable-shape samples (pinned when copying to a GPU)."""
+        if self._stream is not None:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        return _host_images((nbytes,))
+
     def ring(self, n: int) -> list[dict] | None:
         return self._slots(n) if self._stream is not None else None   # CPU: each batch its own tensors
 
@@ -83,8 +100,13 @@ class RawBackend(BaseBackend):
 
     def _slots(self, n: int) -> list[dict]:
         bs = self.cfg.batch_size
-        shape = (bs, *self.cache.sample_shape)
         pin = self._stream is not None
+        if self.variable:     # room for 1.5x the mean sample; fill_packed grows a slot that needs more
+            return [{"images": self._buffer(bs * self._sample_bytes() * 3 // 2),
+                     "labels": torch.empty(bs, dtype=torch.int64, pin_memory=pin),
+                     "plan": torch.empty((bs, PLAN_COLUMNS), dtype=torch.float64, pin_memory=pin),
+                     "copied": None, "nbytes": 0} for _ in range(n)]
+        shape = (bs, *self.cache.sample_shape)
         return [{"images": torch.empty(shape, dtype=torch.uint8, pin_memory=True) if pin else _host_images(shape),
                  "labels": torch.empty(bs, dtype=torch.int64, pin_memory=pin),
                  "plan": torch.empty((bs, PLAN_COLUMNS), dtype=torch.float64, pin_memory=pin),
@@ -103,20 +125,23 @@ class RawBackend(BaseBackend):
     def read(self, key, idx: np.ndarray, slot: dict) -> None:
         """Reader thread: gather the batch into its slot and draw its augmentation plan beside it, so
         the GPU side of a batch is one copy and one kernel (crop.py)."""
-        fill_batch(self.cache, idx, slot, self.cfg.options.read)
-        aug = self.cfg.augment
+        aug, n = self.cfg.augment, len(idx)
+        if self.variable:
+            h, w, offsets = fill_packed(self.cache, idx, slot, lambda nbytes: self._buffer(nbytes * 3 // 2))
+        else:
+            fill_batch(self.cache, idx, slot, self.cfg.options.read)
+            h, w = np.full(n, self.cache.sample_shape[0]), np.full(n, self.cache.sample_shape[1])
+            offsets = None
         if aug is not None:
-            h, w = self.cache.sample_shape[:2]
-            n = len(idx)
-            plan = draw_plan(aug, batch_seed(self.cfg.seed, key[0], key[1] // self.cfg.batch_size),
-                             np.full(n, h), np.full(n, w))
+            plan = draw_plan(aug, batch_seed(self.cfg.seed, key[0], key[1] // self.cfg.batch_size), h, w, offsets)
             slot["plan"][:n].copy_(torch.from_numpy(plan))
 
     def stage(self, slot: dict, _out, n: int):
+        src = slot["images"][:slot["nbytes"]] if self.variable else slot["images"][:n]
         if self._stream is None:  # CPU: hand out the slot's tensors, the slot is not reused
-            return slot["images"][:n], slot["labels"][:n], slot["plan"][:n]
+            return src, slot["labels"][:n], slot["plan"][:n]
         with torch.cuda.stream(self._stream):
-            images = slot["images"][:n].to(self.device, non_blocking=True)
+            images = src.to(self.device, non_blocking=True)
             labels = slot["labels"][:n].to(self.device, non_blocking=True)
             plan = slot["plan"][:n].to(self.device, non_blocking=True) if self.cfg.augment else None
             copied = torch.cuda.Event()
