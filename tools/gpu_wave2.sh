@@ -41,6 +41,16 @@ stage_ab() {        # the read pipeline against the old tree carried in .old (gi
     timeout ${AB_TIMEOUT:-540} $PY benchmarks/ab_read.py --old "$PWD/.old" --per-class ${AB_PER_CLASS:-400} \
         --seconds ${AB_SECONDS:-5} --rounds ${AB_ROUNDS:-1} --rows ${AB_ROWS:-all} --out "$RES" 2>&1 | grep -v "Warning\|warn(" | tail -30
 }
+stage_dask() {      # needs dask + distributed: carry .whl (see the device README), installed here first
+    [ -d .whl ] && $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+    timeout ${DASK_TIMEOUT:-300} $PY benchmarks/dask_build.py --per-class ${DASK_PER_CLASS:-1500} --reps ${DASK_REPS:-2} \
+        2>&1 | grep -v "Warning\|warn(" | tail -15
+    cp benchmarks/results/dask-build-* "$RES"/ 2>/dev/null
+}
+stage_build() {
+    timeout ${BUILD_TIMEOUT:-240} $PY benchmarks/build.py --per-class ${BUILD_PER_CLASS:-600} --out "$RES" 2>&1 | tail -15
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 for s in "$@"; do
     echo "=== stage $s ($(date +%T))"
