@@ -109,8 +109,7 @@ class Cache:
         return self.manifest.sample_shape
 
     def shard(self, i: int) -> Shard:
-        if self._pid != os.getpid():  # forked: mappings are fine, but keep handles per process
-            self._shards, self._table, self._checked, self._pid = {}, None, {}, os.getpid()
+        self._check_fork()
         shard = self._shards.get(i)
         if shard is None:
             info = self.manifest.shards[i]
@@ -146,12 +145,12 @@ class Cache:
         once per process, filled as shards are mapped; None where it does not apply."""
         if self.manifest.kind != "raw" or self.sample_shape is None:
             return None
-        if self._table is None or self._pid != os.getpid():
+        self._check_fork()
+        if self._table is None:
             from .table import ShardTable, TableFull
 
             with self._lock:
-                if self._table is None or self._pid != os.getpid():
-                    self._pid = os.getpid()
+                if self._table is None:
                     try:
                         self._table = ShardTable([s.bytes for s in self.manifest.shards],
                                                  [s.count for s in self.manifest.shards],
@@ -159,6 +158,11 @@ class Cache:
                     except TableFull:
                         self._table = False
         return self._table or None
+
+    def _check_fork(self) -> None:
+        """In a forked process: mappings are inherited and fine, but handles and the table are per process."""
+        if self._pid != os.getpid():
+            self._shards, self._table, self._checked, self._pid = {}, None, {}, os.getpid()
 
     def pin_in_table(self, shard_ids) -> bool:
         """Map (fetching if need be) and pin these shards in the gather table for one gather; the caller
