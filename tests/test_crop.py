@@ -114,3 +114,24 @@ def test_unknown_kernel_and_triton_on_cpu_are_clear_errors():
     img = torch.zeros(1, 8, 8, 3, dtype=torch.uint8)
     with pytest.raises(LoaderError, match="kernel='auto'"):
         augment_batch(img, AugmentConfig(size=4, kernel="triton"))
+
+
+def test_batch_crop_boxes_match_the_per_image_rule():
+    """crop_boxes (one draw per batch, used by the nvJPEG backend) keeps crop_box's rule: eval boxes are
+    identical, train boxes lie inside the image with the scale and ratio bounds, and a seed repeats them."""
+    from fastdata.read.augment import AugmentConfig
+    from fastdata.read.crop_box import crop_box, crop_boxes
+
+    h, w = np.array([375, 500, 64, 333]), np.array([500, 375, 64, 500])
+    ev = AugmentConfig(size=64, train=False)
+    rng = np.random.default_rng(0)
+    assert crop_boxes(h, w, ev, rng).tolist() == [list(crop_box(a, b, ev, rng)) for a, b in zip(h, w)]
+    tr = AugmentConfig(size=64)
+    boxes = crop_boxes(np.repeat(h, 500), np.repeat(w, 500), tr, np.random.default_rng(1))
+    hh, ww = np.repeat(h, 500), np.repeat(w, 500)
+    top, left, bh, bw = boxes.T
+    assert (top >= 0).all() and (left >= 0).all() and (top + bh <= hh).all() and (left + bw <= ww).all()
+    area = bh * bw / (hh * ww)
+    assert area.min() >= 0.08 * 0.9 and area.max() <= 1.0
+    again = crop_boxes(np.repeat(h, 500), np.repeat(w, 500), tr, np.random.default_rng(1))
+    assert np.array_equal(boxes, again)

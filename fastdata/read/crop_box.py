@@ -16,3 +16,13 @@ def crop_box(h: int, w: int, cfg: AugmentConfig, rng: np.random.Generator) -> tu
     hs, ws = np.array([h]), np.array([w])
     box = random_boxes(rng, hs, ws, cfg.scale, cfg.ratio) if cfg.train else centre_boxes(hs, ws, cfg.crop_fraction)
     return tuple(int(v) for v in box[0])
+
+
+def crop_boxes(h, w, cfg: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
+    """(n, 4) int64 boxes (top, left, height, width) for a whole batch in one draw: the same
+    distribution as crop_box per image, without a Python call per image (the nvJPEG backend's GPU
+    thread would otherwise hold the GIL for one per image, beside the training thread)."""
+    hs, ws = np.asarray(h, dtype=np.int64), np.asarray(w, dtype=np.int64)
+    if cfg.train:
+        return random_boxes(rng, hs, ws, cfg.scale, cfg.ratio).astype(np.int64)
+    return centre_boxes(hs, ws, cfg.crop_fraction).astype(np.int64)

@@ -17,7 +17,7 @@ import torch
 
 from ...errors import DependencyError, LoaderError
 from ..augment import normalize
-from ..crop_box import crop_box
+from ..crop_box import crop_boxes
 from ..encoded import EncodedSource
 from . import BaseBackend
 from .decode import batch_rng, read_encoded, source_attrs
@@ -53,7 +53,8 @@ class NvjpegBackend(BaseBackend):
         except RuntimeError as e:
             raise LoaderError(f"nvJPEG could not decode a sample of batch {idx[:4].tolist()}...: {e}; "
                               f"run `fastdata build-cache` to quarantine bad files first") from e
-        boxes = torch.tensor([crop_box(im.shape[1], im.shape[2], self.cfg.augment, rng) for im in decoded])
+        boxes = torch.from_numpy(crop_boxes([im.shape[1] for im in decoded], [im.shape[2] for im in decoded],
+                                            self.cfg.augment, rng))
         packed, sizes = pack(decoded)
         return crop_resize(packed, sizes, boxes, self.cfg.augment.size, flips)
 
