@@ -117,7 +117,7 @@ class Cache:
             try:
                 shard = self._shards[i] = open_shard(path, info, self.path)
                 if self.store.evicts and self._table:   # while the store still holds the file
-                    self._add_fetched(i, shard)
+                    self._add_to_table(i, shard)
             finally:
                 self.store.release(i)   # mapped now: the store may evict the file (and forget it here)
             if self._hasher is not None and not self.store.verified:   # (a fetched shard's sha256 was checked)
@@ -167,39 +167,33 @@ class Cache:
     def pin_in_table(self, shard_ids) -> bool:
         """Map (fetching if need be) and pin these shards in the gather table for one gather; the caller
         releases them. False: the table cannot take them, copy shard by shard instead."""
-        from .table import TableFull
-
         table = self.gather_table()
         for _ in range(4):          # a store may evict a shard between its mapping and the pin: again
             if table is None or not self._table:
                 return False
             if table.acquire(shard_ids):
                 return True
-            try:
-                for i in shard_ids:
-                    if int(i) not in table.mapped:
-                        self._table_add(int(i), table)
-            except TableFull as e:
-                log.debug("gather table off for %s: %s", self.path, e)
-                self._table = False
-                return False
+            for i in (int(i) for i in shard_ids if int(i) not in table.mapped):
+                if self.store.evicts:
+                    # the file may be gone since it was opened: fetch it afresh; shard() maps it while the
+                    # store still holds it (mapping it here could find it evicted again)
+                    self._shards.pop(i, None)
+                    self.shard(i)
+                elif not self._add_to_table(i, self.shard(i)):
+                    return False
         return False
 
-    def _add_fetched(self, i: int, shard) -> None:
+    def _add_to_table(self, i: int, shard) -> bool:
+        """Map shard i into the gather table; False (and the table off for good) where it cannot be."""
         from .table import TableFull
 
         try:
             self._table.add(i, shard)
+            return True
         except TableFull as e:
             log.debug("gather table off for %s: %s", self.path, e)
             self._table = False
-
-    def _table_add(self, i: int, table) -> None:
-        if self.store.evicts:     # the file may be gone since it was opened: fetch and map afresh
-            self._shards.pop(i, None)
-        shard = self.shard(i)
-        if i not in table.mapped:
-            table.add(i, shard)
+            return False
 
     def check_unchanged(self, shard_ids=None, max_age: float = 0.0) -> None:
         """Raise if a mapped shard was replaced or resized on disk (a cache rebuilt under a reader).
