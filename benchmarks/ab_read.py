@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import data_args
+
 HERE = Path(__file__).resolve().parent
 ROWS = ("loader raw", "loader nvjpeg", "6a", "8b", "7", "ceiling")
 
@@ -40,8 +42,8 @@ def child(a) -> None:
     from fastdata.engine.models import resolve_model
 
     dev, bs, out = torch.device("cuda"), a.batch_size, {}
-    aug = fastdata.AugmentConfig(size=224, dtype="bfloat16")
-    fused = fastdata.AugmentConfig(size=224, dtype="bfloat16", fused=True)
+    aug = fastdata.AugmentConfig(size=a.size, dtype="bfloat16")
+    fused = fastdata.AugmentConfig(size=a.size, dtype="bfloat16", fused=True)
     raw = fastdata.loader(a.raw, bs, device="cuda", augment=aug, threads=8, drop_last=True)
     nvj = fastdata.decode_loader(a.src, bs, backend="nvjpeg", dtype="bfloat16", threads=12, drop_last=True)
     out["loader raw"] = drain(raw, a.seconds)
@@ -60,7 +62,7 @@ def child(a) -> None:
     out["7"] = compiled.fit(nvj, **fit)["img_per_s"]
     out["8b"] = graphed.fit(fastdata.loader(a.raw, bs, device="cuda", augment=fused, threads=8, drop_last=True),
                             **fit)["img_per_s"]
-    out["ceiling"] = graphed.fit(Synthetic(bs, 224, dev), **fit)["img_per_s"]
+    out["ceiling"] = graphed.fit(Synthetic(bs, a.size, dev), **fit)["img_per_s"]
     print("AB " + json.dumps(out), flush=True)
 
 
@@ -78,7 +80,7 @@ def _data(a, work: Path) -> tuple[Path, Path]:
 def _run_tree(tree: str, a, src: Path, raw: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": f"{tree}:{HERE}"}
     cmd = [sys.executable, __file__, "--child", "--src", str(src), "--raw", str(raw), "--seconds", str(a.seconds),
-           "--batch-size", str(a.batch_size), "--rows", a.rows]
+           "--batch-size", str(a.batch_size), "--size", str(a.size), "--rows", a.rows]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.child_timeout)
     line = [x for x in r.stdout.splitlines() if x.startswith("AB ")]
     if not line:
@@ -88,11 +90,8 @@ def _run_tree(tree: str, a, src: Path, raw: Path) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = data_args(per_class=500, size=224, seconds=6.0)     # --size: the training crop
     ap.add_argument("--old", help="folder holding the old fastdata package")
-    ap.add_argument("--per-class", type=int, default=500)
-    ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--child-timeout", type=float, default=400)
     ap.add_argument("--rows", default="all", choices=("all", "loader"), help="loader: the loader-alone rows only")

@@ -63,13 +63,18 @@ def _pread_rows(shard, local: np.ndarray, out: torch.Tensor) -> None:
                                    f"{(b - a) * row_bytes} B); the shard is truncated, run fastdata verify")
 
 
-def fill_batch(cache: Cache, idx: np.ndarray, slot: dict, read: str = "mmap") -> None:
-    """Write samples idx (sorted global indices) into slot['images'][:n], labels into slot['labels']."""
+def _claim(cache: Cache, slot: dict) -> None:
+    """Before a reader writes into a slot: the previous copy out of it is done, and no damage was found."""
     copied = slot.get("copied")
     if copied is not None:
         copied.synchronize()  # host wait, in this reader thread: the previous copy out of the slot is done
-    images, labels = slot["images"], slot["labels"]
     cache.check_integrity()
+
+
+def fill_batch(cache: Cache, idx: np.ndarray, slot: dict, read: str = "mmap") -> None:
+    """Write samples idx (sorted global indices) into slot['images'][:n], labels into slot['labels']."""
+    _claim(cache, slot)
+    images, labels = slot["images"], slot["labels"]
     _fill(cache, idx, images, labels, read)
     if cache.integrity == "sample" and cache.manifest.kind == "raw":
         rows = images[:len(idx)].numpy().reshape(len(idx), -1)
@@ -115,16 +120,12 @@ def fill_packed(cache: Cache, idx: np.ndarray, slot: dict, grow) -> tuple[np.nda
     """Variable-shape raw caches (--resize short|max): samples idx packed end to end into the flat
     slot['images'] (grown with grow(nbytes) when a batch needs more room), labels into slot['labels'].
     Returns each sample's (height, width, byte offset) for its crop plan (augment.apply_plan)."""
-    copied = slot.get("copied")
-    if copied is not None:
-        copied.synchronize()  # host wait, in this reader thread: the previous copy out of the slot is done
-    cache.check_integrity()
+    _claim(cache, slot)
     n = len(idx)
     hw = np.zeros((n, 2), np.int64)
     sizes = np.zeros(n, np.int64)
-    groups = list(_groups(cache, idx))
-    for s, local, lo, hi in groups:
-        shard = cache.shard(s)
+    groups = [(cache.shard(s), s, local, lo, hi) for s, local, lo, hi in _groups(cache, idx)]
+    for shard, s, local, lo, hi in groups:
         cache.check_unchanged([s], max_age=CHECK_EVERY_S)
         hw[lo:hi] = shard.shapes[local, :2]
         sizes[lo:hi] = shard.offsets[local + 1] - shard.offsets[local]
@@ -134,15 +135,12 @@ def fill_packed(cache: Cache, idx: np.ndarray, slot: dict, grow) -> tuple[np.nda
     if total > slot["images"].numel():
         slot["images"] = grow(total)
     flat = slot["images"].numpy()
-    for s, local, lo, hi in groups:
-        shard = cache.shard(s)
+    for shard, _, local, lo, hi in groups:
         data = shard.data.numpy()
         for k, j in zip(range(lo, hi), local):
-            a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
-            flat[offsets[k]:offsets[k] + b - a] = data[a:b]
-        if cache.integrity == "sample":
-            rows = [flat[offsets[k]:offsets[k] + sizes[k]] for k in range(lo, hi)]
-            for k, row in zip(range(lo, hi), rows):
-                check_rows(row[None], shard.crc32[[local[k - lo]]], lambda _: cache.sample_name(idx[k]))
+            row = flat[offsets[k]:offsets[k] + sizes[k]]
+            row[:] = data[int(shard.offsets[j]):int(shard.offsets[j + 1])]
+            if cache.integrity == "sample":
+                check_rows(row[None], shard.crc32[[j]], lambda _, k=k: cache.sample_name(idx[k]))
     slot["nbytes"] = total
     return hw[:, 0], hw[:, 1], offsets

@@ -23,6 +23,7 @@ from .augment import AugmentConfig
 from .config import BACKENDS, LoaderConfig, split_options
 from .core import Loader, resolve_device
 from .reader import Cache, open_cache
+from ..stores.s3 import is_url
 from .select import is_cache
 
 LEGACY = {"cache": "raw"}          # wave-1 names; "cpu" is resolved by choose_backend
@@ -57,11 +58,11 @@ def _data_kind(data) -> tuple[str, bool]:
     """(raw | jpeg | bytes | encoded, fixed shape?) of what `data` names."""
     if isinstance(data, Cache):
         return data.manifest.kind, data.manifest.sample_shape is not None
-    if isinstance(data, (str, Path)) and (str(data).startswith("s3://") or is_cache(data)):
+    if is_url(data):
+        return "raw", True            # read through the store; the raw backend checks the manifest
+    if isinstance(data, (str, Path)) and is_cache(data):
         from ..cache.format import load_manifest
 
-        if str(data).startswith("s3://"):
-            return "raw", True            # read through the store; the raw backend checks the manifest
         m = load_manifest(data)
         return m.kind, m.sample_shape is not None
     return "encoded", False

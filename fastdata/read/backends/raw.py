@@ -101,16 +101,19 @@ class RawBackend(BaseBackend):
     def _slots(self, n: int) -> list[dict]:
         bs = self.cfg.batch_size
         pin = self._stream is not None
-        if self.variable:     # room for 1.5x the mean sample; fill_packed grows a slot that needs more
-            return [{"images": self._buffer(bs * self._sample_bytes() * 3 // 2),
-                     "labels": torch.empty(bs, dtype=torch.int64, pin_memory=pin),
-                     "plan": torch.empty((bs, PLAN_COLUMNS), dtype=torch.float64, pin_memory=pin),
-                     "copied": None, "nbytes": 0} for _ in range(n)]
-        shape = (bs, *self.cache.sample_shape)
-        return [{"images": torch.empty(shape, dtype=torch.uint8, pin_memory=True) if pin else _host_images(shape),
+        return [{"images": self._images(bs),
                  "labels": torch.empty(bs, dtype=torch.int64, pin_memory=pin),
                  "plan": torch.empty((bs, PLAN_COLUMNS), dtype=torch.float64, pin_memory=pin),
-                 "copied": None} for _ in range(n)]
+                 "copied": None, "nbytes": 0} for _ in range(n)]
+
+    def _images(self, bs: int) -> torch.Tensor:
+        """A slot's image buffer: (bs, H, W, C), or flat room for 1.5x the mean sample when shapes vary
+        (fill_packed grows a slot that needs more)."""
+        if self.variable:
+            return self._buffer(bs * self._sample_bytes() * 3 // 2)
+        shape = (bs, *self.cache.sample_shape)
+        return torch.empty(shape, dtype=torch.uint8, pin_memory=True) if self._stream is not None else \
+            _host_images(shape)
 
     def begin(self, batches) -> None:
         if self.cache.url is not None:   # object storage: fetch shards in the order they are read
