@@ -6,7 +6,8 @@ A compiled ResNet-18 step of 256 images takes ~14 ms on the H200 and the host ne
 to launch it, so every millisecond the loader costs the main thread, directly or by taking the GIL
 from it, is lost. Each row runs the same compiled loop and reports img/s, its ratio to a synthetic
 batch, and per step the host milliseconds spent in next(loader) and in the rest of the step (the
-launches). Variants separate the loader's parts: no augmentation, the augmentation alone on a
+launches), and the main thread's CPU time per step: wall time above it is the main thread waiting
+(for the GIL, or for the GPU). Variants separate the loader's parts: no augmentation, the augmentation alone on a
 uint8 batch already on the GPU, reader thread counts, the kernels, the GIL switch interval.
 """
 from __future__ import annotations
@@ -51,14 +52,21 @@ def loop(model, opt, batches, seconds: float, warmup: int = 15, images_of=None) 
     torch.cuda.synchronize()
     t_next = t_rest = 0.0
     n = steps = 0
-    t0 = time.perf_counter()
+    cpu0, t0 = time.thread_time(), time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         n += step()
         steps += 1
     torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
     return {"img/s": n / wall, "ms/step": wall / steps * 1e3, "next() ms": t_next / steps * 1e3,
-            "launch ms": t_rest / steps * 1e3}
+            "launch ms": t_rest / steps * 1e3, "main cpu ms": cpu / steps * 1e3, "graphs": _graphs()}
+
+
+def _graphs() -> int:
+    """Graphs torch.compile has made so far: a rise between rows means the loader's batch recompiled."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def augment_only(bs: int):
@@ -127,7 +135,8 @@ def main() -> None:
     base = rows[0]["img/s"]
     for r in rows:
         r["vs synthetic"] = f"{r['img/s'] / base:.1%}"
-    write(f"host-probe-{a.model}", rows, ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms"],
+    write(f"host-probe-{a.model}", rows, ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms", "main cpu ms",
+                                         "graphs"],
           f"{a.model}, batch {bs}, bf16, compile default, plain loop; {a.seconds:.0f} s per row. Rerun: "
           f"`python benchmarks/host_probe.py --model {a.model}`.", Path(a.out) if a.out else None)
 

@@ -9,7 +9,9 @@ process so the ratios compare like with like:
   the GPU (the ceiling), fastdata.loader from a 256 px raw cache (RandomResizedCrop 224 + flip +
   normalise on the GPU), and the best torch DataLoader (PIL decode from the JPEG files, one worker per
   core, pinned, persistent);
-- fastdata.Engine, compile and compile + CUDA graph, on the synthetic batch and on fastdata.loader.
+- fastdata.Engine, compile and compile + CUDA graph, on the synthetic batch and on fastdata.loader;
+- with --jpeg-backends nvjpeg,dali, the plain loop also reads a 256 px JPEG cache (the compact
+  cache of datasets bigger than RAM), decoded on the GPU by each backend.
 Ratios are to the synthetic row of the same loop. One model at a time fits a 10-minute GPU call.
 --profile adds a torch.profiler table of the Engine + loader steps (host-side CUDA calls, syncs).
 """
@@ -99,6 +101,9 @@ def make_data(a, work: Path):
     raw = work / "raw256"
     if not raw.exists():
         build_cache(BuildConfig(src=str(src), dest=str(raw), size=256, progress=False))
+    jpeg = work / "jpeg256"
+    if getattr(a, "jpeg_backends", "") and not jpeg.exists():
+        build_cache(BuildConfig(src=str(src), dest=str(jpeg), size=256, encode="jpeg", progress=False))
     return src, raw
 
 
@@ -113,8 +118,13 @@ def loaders(a, src: Path, raw: Path, device):
     workers = a.workers or len(__import__("os").sched_getaffinity(0))
     pil = DataLoader(PilFolder(src), a.batch_size, shuffle=True, num_workers=workers, pin_memory=True,
                      persistent_workers=True, prefetch_factor=4, drop_last=True) if a.dataloader else None
-    return {"synthetic": SyntheticBatches(a.batch_size, device), "fastdata.loader": fd,
+    data = {"synthetic": SyntheticBatches(a.batch_size, device), "fastdata.loader": fd,
             f"PIL DataLoader ({workers} workers)": pil}
+    for backend in filter(None, a.jpeg_backends.split(",")):   # the compact cache, decoded on the GPU
+        data[f"fastdata.loader, JPEG cache, {backend}"] = fastdata.loader(
+            raw.with_name("jpeg256"), a.batch_size, backend=backend, device=str(device), augment=aug,
+            threads=a.jpeg_threads, drop_last=True)
+    return data
 
 
 def plain_rows(a, name, data: dict, device) -> list[dict]:
@@ -202,6 +212,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--workers", type=int, default=0, help="PIL DataLoader workers (0: one per core)")
     ap.add_argument("--kernel", default="auto", help="fastdata.loader augmentation kernel")
+    ap.add_argument("--jpeg-backends", default="", help="also feed the plain loop from a 256 px JPEG cache "
+                    "through these loader backends (nvjpeg,dali)")
+    ap.add_argument("--jpeg-threads", type=int, default=8, help="reader threads of the JPEG-cache loaders")
     ap.add_argument("--no-dataloader", dest="dataloader", action="store_false")
     ap.add_argument("--no-engine", dest="engine", action="store_false")
     ap.add_argument("--engine-modes", default="both", choices=["both", "graph", "compile"],
@@ -231,7 +244,7 @@ def main() -> None:
     notes = (f"{machine()['gpu']}: {a.per_class * 10} JPEGs -> 256 px raw cache; batch {a.batch_size}, bf16 "
              f"autocast, channels_last, torch.compile default; {a.seconds:.0f} s timed per row after "
              f"{a.warmup} warm-up steps; loader kernel {a.kernel}. Rerun: `python benchmarks/models.py "
-             f"--models {a.models}`.")
+             f"--models {a.models}" + (f" --jpeg-backends {a.jpeg_backends}" if a.jpeg_backends else "") + "`.")
     md = write(f"models-{a.models.replace(',', '-')}", with_ratios(rows), COLS + ["data wait", "cuda_graph"],
                notes, out)
     chart(rows, md.with_suffix(".png"))

@@ -3,6 +3,7 @@
 # (the device tool brings back at most 8 files).
 #   bash tools/gpu_wave2.sh tests doctor       (call 1)
 #   bash tools/gpu_wave2.sh loader oor         (call 2)
+#   bash tools/gpu_wave2.sh dali zoo decode    (DALI first: it puts the joined DALI on PYTHONPATH)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -24,7 +25,7 @@ stage_oor() {   # no cgroup where the runtime has none: the loader is then given
     cp benchmarks/results/out-of-ram-*H200* benchmarks/results/loader-*H200* "$RES"/ 2>/dev/null
 }
 stage_augtests() {
-    $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider -k "augment or fast_loader" 2>&1 | tee "$RES/gpu-tests-augment.txt" | tail -15
+    $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider -k "${TESTS_K:-augment or fast_loader}" 2>&1 | tee "$RES/gpu-tests-augment.txt" | tail -15
 }
 stage_augment() {
     $PY benchmarks/augment.py --out "$RES" 2>&1 | tail -12
@@ -47,6 +48,18 @@ stage_dask() {      # needs dask + distributed: carry .whl (see the device READM
     timeout ${DASK_TIMEOUT:-300} $PY benchmarks/dask_build.py --per-class ${DASK_PER_CLASS:-1500} --reps ${DASK_REPS:-2} \
         2>&1 | grep -v "Warning\|warn(" | tail -15
     cp benchmarks/results/dask-build-* "$RES"/ 2>/dev/null
+}
+stage_decode() {    # decode-only img/s of the JPEG backends on the zoo's JPEG cache (stage zoo with --jpeg-backends made it)
+    timeout ${DECODE_TIMEOUT:-200} $PY benchmarks/decode.py --src /tmp/zoo/src --jpeg /tmp/zoo/jpeg256 \
+        --backends ${DECODE_BACKENDS:-nvjpeg} --seconds 5 --out "$RES" 2>&1 | grep -v "Warning\|warn(" | tail -15
+}
+stage_dali() {      # DALI joined from .dali*/part-* (a split tar.xz of a site dir, carried over several calls)
+    if [ ! -d /tmp/dalisite/nvidia/dali ]; then
+        cat .dali*/part-* > /tmp/dali.tar.xz && (cd /tmp && sha256sum -c "$OLDPWD/.dali1/SHA256SUMS") || return 1
+        mkdir -p /tmp/dalisite && tar -C /tmp/dalisite -xJf /tmp/dali.tar.xz && rm /tmp/dali.tar.xz
+    fi
+    export PYTHONPATH="$PYTHONPATH:/tmp/dalisite"
+    $PY -c "import nvidia.dali as d; print('DALI', d.__version__)"
 }
 stage_build() {
     timeout ${BUILD_TIMEOUT:-240} $PY benchmarks/build.py --per-class ${BUILD_PER_CLASS:-600} --out "$RES" 2>&1 | tail -15

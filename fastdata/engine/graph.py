@@ -38,7 +38,13 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def find_host_sync(step: TrainStep, images: torch.Tensor, labels: torch.Tensor) -> str | None:
-    """Run one full step with sync debugging set to error; return the cause if it syncs."""
+    """Run one full step with sync debugging set to error; return the cause if it syncs.
+
+    One plain step runs first: the first call of a compiled model compiles it, and the compiler
+    (inductor's autotuning, cuDNN's algorithm search) syncs with the host, which is no property of
+    the step (timm's resnet50 was refused capture for it). The caller undoes both steps."""
+    step.full(images, labels)
+    torch.cuda.synchronize()
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
     try:

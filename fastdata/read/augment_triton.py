@@ -21,7 +21,7 @@ BLOCK = 512
 
 @triton.jit
 def _crop_resize_normalise(src, plan, out, scale, shift, SIZE: tl.constexpr, COLUMNS: tl.constexpr,
-                           BLOCK: tl.constexpr):
+                           BLOCK: tl.constexpr, PLANAR: tl.constexpr):
     n = tl.program_id(1)
     pix = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = pix < SIZE * SIZE
@@ -37,15 +37,22 @@ def _crop_resize_normalise(src, plan, out, scale, shift, SIZE: tl.constexpr, COL
     x0, y0 = sx.to(tl.int32), sy.to(tl.int32)          # floor: both are >= 0
     fx, fy = sx - x0.to(tl.float32), sy - y0.to(tl.float32)
     x1, y1 = tl.minimum(x0 + 1, w - 1), tl.minimum(y0 + 1, h - 1)
-    r0 = base + (y0 * w).to(tl.int64) * 3
-    r1 = base + (y1 * w).to(tl.int64) * 3
-    c0, c1 = x0.to(tl.int64) * 3, x1.to(tl.int64) * 3
+    if PLANAR:      # CHW planes (nvJPEG's output): pixels 1 byte apart, channels one plane apart
+        step = 1
+        plane = (h * w).to(tl.int64)
+    else:           # HWC (the caches): pixels 3 bytes apart, channels adjacent
+        step = 3
+        plane = 1
+    r0 = base + (y0 * w).to(tl.int64) * step
+    r1 = base + (y1 * w).to(tl.int64) * step
+    c0, c1 = x0.to(tl.int64) * step, x1.to(tl.int64) * step
     dst = out + (n.to(tl.int64) * SIZE * SIZE + pix) * 3
     for c in tl.static_range(3):
-        p00 = tl.load(src + r0 + c0 + c, mask=inside, other=0).to(tl.float32)
-        p01 = tl.load(src + r0 + c1 + c, mask=inside, other=0).to(tl.float32)
-        p10 = tl.load(src + r1 + c0 + c, mask=inside, other=0).to(tl.float32)
-        p11 = tl.load(src + r1 + c1 + c, mask=inside, other=0).to(tl.float32)
+        ch = c * plane
+        p00 = tl.load(src + r0 + c0 + ch, mask=inside, other=0).to(tl.float32)
+        p01 = tl.load(src + r0 + c1 + ch, mask=inside, other=0).to(tl.float32)
+        p10 = tl.load(src + r1 + c0 + ch, mask=inside, other=0).to(tl.float32)
+        p11 = tl.load(src + r1 + c1 + ch, mask=inside, other=0).to(tl.float32)
         top = p00 + (p01 - p00) * fx
         bottom = p10 + (p11 - p10) * fx
         v = top + (bottom - top) * fy
@@ -54,13 +61,15 @@ def _crop_resize_normalise(src, plan, out, scale, shift, SIZE: tl.constexpr, COL
 
 
 def crop_resize_normalise(src: torch.Tensor, plan: torch.Tensor, size: int, scale: torch.Tensor,
-                          shift: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+                          shift: torch.Tensor, dtype: torch.dtype, planar: bool = False) -> torch.Tensor:
     """src: uint8 on the GPU, any shape (the plan holds each sample's offset and size); plan: (n, PLAN_COLUMNS)
-    float64 on the same GPU. Returns (n, 3, size, size) in dtype, channels_last."""
+    float64 on the same GPU. Samples are HWC, or CHW planes when planar. Offsets are bytes from
+    src's first byte and may reach other allocations of the same device (nvjpeg.py: one kernel over
+    the separate tensors a decoder returns). Returns (n, 3, size, size) in dtype, channels_last."""
     n = plan.shape[0]
     out = torch.empty((n, size, size, 3), dtype=dtype, device=src.device)
     if n:
         grid = (triton.cdiv(size * size, BLOCK), n)
         _crop_resize_normalise[grid](src, plan, out, scale, shift, SIZE=size, COLUMNS=PLAN_COLUMNS,
-                                     BLOCK=BLOCK, num_warps=4)
+                                     BLOCK=BLOCK, PLANAR=planar, num_warps=4)
     return out.permute(0, 3, 1, 2)

@@ -194,3 +194,42 @@ def test_resume_contract_on_the_gpu(backend, data, request):
                                augment=AugmentConfig(size=32, dtype="float32"))
 
     check_resume_contract(make, f"{backend}/{data}")
+
+
+def test_triton_planar_kernel_reads_separate_chw_tensors():
+    """Planar mode over separate CHW tensors (nvJPEG's output, addressed by byte offsets from the
+    lowest one) against the eager reference on the same pixels packed as HWC."""
+    from fastdata.read.augment import _norm_constants, apply_plan, plan_tensor
+    from fastdata.read.augment_triton import crop_resize_normalise
+    from fastdata.read.crop import draw_plan
+
+    rng = np.random.default_rng(2)
+    h, w = rng.integers(120, 300, 7), rng.integers(120, 300, 7)
+    hwc = [torch.randint(0, 255, (int(a), int(b), 3), dtype=torch.uint8, device="cuda") for a, b in zip(h, w)]
+    chw = [t.permute(2, 0, 1).contiguous() for t in hwc]
+    cfg = AugmentConfig(size=128, dtype="float32", kernel="eager")
+    plan = draw_plan(cfg, 5, h, w)                      # offsets: the HWC samples packed end to end
+    ref = apply_plan(torch.cat([t.flatten() for t in hwc]), plan_tensor(plan, torch.device("cuda")), cfg)
+    ptrs = np.array([t.data_ptr() for t in chw], dtype=np.int64)
+    first = int(ptrs.argmin())
+    plan[:, 4] = ptrs - ptrs[first]
+    scale, shift = _norm_constants(cfg.mean, cfg.std, torch.device("cuda"))
+    out = crop_resize_normalise(chw[first], plan_tensor(plan, torch.device("cuda")), 128, scale, shift,
+                                torch.float32, planar=True)
+    assert (out - ref).abs().max() < 1e-3
+
+
+def test_nvjpeg_in_place_kernel_equals_packed_path(jpeg_cache):
+    """The nvjpeg backend's one-kernel crop (Triton, planar, no packing copy) against its packed
+    grid_sample path on the same draws: a JPEG cache near the output size takes the kernel."""
+    pytest.importorskip("torchvision")
+    pytest.importorskip("triton")
+    outs = []
+    for in_place in (True, False):
+        dl = fastdata.loader(jpeg_cache, 16, backend="nvjpeg", device="cuda", seed=3,
+                             augment=AugmentConfig(size=48, dtype="float32"))
+        dl.backend._triton = in_place
+        outs.append([b.images.float().cpu() for b in dl][:3])
+    for a, b in zip(*outs):
+        assert a.shape == b.shape
+        assert (a - b).abs().max() < 2e-2

@@ -1,22 +1,30 @@
 """Backend nvjpeg: JPEG decode on the GPU with torchvision.io.decode_jpeg, for machines without DALI.
 
     reader threads:  encoded bytes (files or cache samples)
-    one GPU thread:  on its own CUDA stream: nvJPEG decodes the batch in one call, then one packed
-                     crop-resize (gpu_resize.py), flip and normalise; records an event
+    one GPU thread:  on its own CUDA stream: nvJPEG decodes the batch in one call, then crop, resize,
+                     flip and normalise; records an event
     training thread: waits for that event on its stream (no host sync)
 
 so the training thread launches none of the decode work; the GPU thread
 works up to two batches ahead (stage_ahead).
+
+The crop is one Triton kernel (augment_triton.py, planar mode) that reads every
+image where nvJPEG left it: the plan holds each image's byte offset from the
+lowest-addressed one, so no copy packs the batch first. It runs whenever some crop of
+the batch shrinks less than 2x (a JPEG cache at about the output size), which is when
+gpu_resize.py would not box-filter either; otherwise that packed path runs.
 """
 from __future__ import annotations
 
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from ...errors import DependencyError, LoaderError
-from ..augment import normalize
+from ..augment import _norm_constants, normalize, resolve_kernel
+from ..crop import plan_rows
 from ..crop_box import crop_boxes
 from ..encoded import EncodedSource
 from . import BaseBackend
@@ -40,33 +48,61 @@ class NvjpegBackend(BaseBackend):
         self.cfg, self.device = cfg, device
         self._stream = torch.cuda.Stream(device)
         self._gpu = ThreadPoolExecutor(1, thread_name_prefix="fastdata-gpu-decode")
+        self._held: deque = deque()   # (event, decoded images) until the kernel reading them has run
+        self._triton = resolve_kernel(cfg.augment, device) == "triton"
 
     def read(self, key, idx: np.ndarray, _slot):
         rng = batch_rng(self.cfg.seed, key, self.cfg.batch_size)
         return (*read_encoded(self.encoded, idx, self.cfg.augment, rng), rng, idx)
 
-    def _decode(self, encoded, rng, idx, flips) -> torch.Tensor:
+    def _decode(self, encoded, idx) -> list[torch.Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:
-            decoded = decode_jpeg([torch.from_numpy(e) for e in encoded], mode=ImageReadMode.RGB, device=self.device)
+            return decode_jpeg([torch.from_numpy(e) for e in encoded], mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError as e:
             raise LoaderError(f"nvJPEG could not decode a sample of batch {idx[:4].tolist()}...: {e}; "
                               f"run `fastdata build-cache` to quarantine bad files first") from e
-        boxes = torch.from_numpy(crop_boxes([im.shape[1] for im in decoded], [im.shape[2] for im in decoded],
-                                            self.cfg.augment, rng))
+
+    def _augment(self, decoded: list[torch.Tensor], rng, flips) -> torch.Tensor:
+        """The batch at cfg.size, normalised, channels_last: in place by one kernel when it can."""
+        aug = self.cfg.augment
+        h = np.array([im.shape[1] for im in decoded], dtype=np.int64)
+        w = np.array([im.shape[2] for im in decoded], dtype=np.int64)
+        boxes = crop_boxes(h, w, aug, rng)
+        if self._triton and boxes[:, 2:].min() < 2 * aug.size:
+            from ..augment_triton import crop_resize_normalise
+
+            ptrs = np.array([im.data_ptr() for im in decoded], dtype=np.int64)
+            first = int(ptrs.argmin())
+            plan = plan_rows(boxes, flips.numpy(), aug.size, (ptrs - ptrs[first]).astype(np.float64), h, w)
+            plan = torch.from_numpy(plan).pin_memory().to(self.device, non_blocking=True)
+            scale, shift = _norm_constants(aug.mean, aug.std, self.device)
+            out = crop_resize_normalise(decoded[first], plan, aug.size, scale, shift, getattr(torch, aug.dtype),
+                                        planar=True)
+            return out if aug.channels_last else out.contiguous()
         packed, sizes = pack(decoded)
-        return crop_resize(packed, sizes, boxes, self.cfg.augment.size, flips)
+        return normalize(crop_resize(packed, sizes, torch.from_numpy(boxes), aug.size, flips), aug, layout="NCHW")
 
     def _prepare(self, out):
         """GPU thread, own stream: the finished batch and the event that marks it ready."""
         encoded, labels, flips, rng, idx = out
         with torch.cuda.stream(self._stream):
-            images = normalize(self._decode(encoded, rng, idx, flips), self.cfg.augment, layout="NCHW")
+            decoded = self._decode(encoded, idx)
+            images = self._augment(decoded, rng, flips)
             labels = labels.to(self.device)
             ready = torch.cuda.Event()
             ready.record(self._stream)
+        self._hold(ready, decoded)
         return images, labels, ready
+
+    def _hold(self, ready, decoded) -> None:
+        """Keep a batch's decoded images until the kernel that reads them has run: nvJPEG writes the
+        next batches on its own stream, which does not wait for ours, into memory freed to the
+        allocator (a host wait here, on the GPU thread, never on the training thread)."""
+        self._held.append((ready, decoded))
+        while len(self._held) > self.stage_ahead + 1:
+            self._held.popleft()[0].synchronize()
 
     def stage(self, _slot, out, _n):
         return self._gpu.submit(self._prepare, out)
