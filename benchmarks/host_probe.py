@@ -95,6 +95,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rounds", type=int, default=1, help="run the variants this many times, alternating")
+    ap.add_argument("--only", default="", help="comma list of substrings: run the variants naming one "
+                    "(and the synthetic row)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.backends.cudnn.benchmark = True
@@ -107,8 +110,7 @@ def main() -> None:
 
     def fd(**kw):
         aug = kw.pop("augment", AugmentConfig(size=224, dtype="bfloat16", kernel=kw.pop("kernel", "auto")))
-        return forever(fastdata.loader(raw, bs, device="cuda", augment=aug, drop_last=True,
-                                       **{"threads": 8, **kw}))
+        return fastdata.loader(raw, bs, device="cuda", augment=aug, drop_last=True, **{"threads": 8, **kw})
 
     variants = [
         ("synthetic bf16 batch", lambda: forever(syn), None),
@@ -121,25 +123,63 @@ def main() -> None:
         ("loader eager kernel, 8 threads", lambda: fd(kernel="eager"), None),
         ("loader triton, switch interval 0.2 ms", "switch", None),
     ]
-    rows = []
-    for name, make, images_of in variants:
-        if make == "switch":
-            old = sys.getswitchinterval()
-            sys.setswitchinterval(0.0002)
-            r = loop(model, opt, fd(), a.seconds)
-            sys.setswitchinterval(old)
-        else:
-            r = loop(model, opt, make(), a.seconds, images_of=images_of)
-        rows.append({"variant": name, **r})
-        log.info("%s: %s", name, r)
-    base = rows[0]["img/s"]
-    for r in rows:
-        r["vs synthetic"] = f"{r['img/s'] / base:.1%}"
-    write(f"host-probe-{a.model}", rows, ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms", "main cpu ms",
-                                         "graphs"],
-          f"{a.model}, batch {bs}, bf16, compile default, plain loop; {a.seconds:.0f} s per row. Rerun: "
-          f"`python benchmarks/host_probe.py --model {a.model}`.", Path(a.out) if a.out else None)
+    variants.append(("loader triton, staging thread", "staged", None))
+    if a.only:
+        keep = a.only.split(",")
+        variants = [v for v in variants if v[0] == variants[0][0] or any(k in v[0] for k in keep)]
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
+    for rnd in range(a.rounds):
+        for name, make, images_of in variants:
+            r = run_variant(model, opt, make, images_of, fd, a.seconds)
+            runs[name].append(r)
+            log.info("round %d %s: %s", rnd, name, r)
+    rows = summarise(runs)
+    cols = ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms", "main cpu ms", "graphs"]
+    write(f"host-probe-{a.model}", rows, cols + (["per-round ratio"] if a.rounds > 1 else []),
+          f"{a.model}, batch {bs}, bf16, compile default, plain loop; {a.seconds:.0f} s per row, {a.rounds} "
+          f"round(s), variants alternating; medians. Rerun: `python benchmarks/host_probe.py --model {a.model}"
+          f"{f' --rounds {a.rounds}' if a.rounds > 1 else ''}{f' --only {a.only}' if a.only else ''}`.",
+          Path(a.out) if a.out else None)
 
+
+def run_variant(model, opt, make, images_of, fd, seconds: float) -> dict:
+    """One timed loop; a loader made for it is closed after (its pinned ring and threads go)."""
+    if make == "switch":
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(0.0002)
+        try:
+            return run_variant(model, opt, fd, None, fd, seconds)
+        finally:
+            sys.setswitchinterval(old)
+    if make == "staged":
+        from fastdata.read.backends.raw import RawBackend
+
+        RawBackend.stage_thread = True
+        try:
+            return run_variant(model, opt, fd, None, fd, seconds)
+        finally:
+            RawBackend.stage_thread = False
+    data = make()
+    try:
+        return loop(model, opt, forever(data) if hasattr(data, "close") else data, seconds, images_of=images_of)
+    finally:
+        if hasattr(data, "close"):
+            data.close()
+
+
+def summarise(runs: dict[str, list[dict]]) -> list[dict]:
+    """Per variant: the median of each column over rounds, and each round's ratio to that round's
+    synthetic run (the first variant)."""
+    base = next(iter(runs.values()))
+    rows = []
+    for name, got in runs.items():
+        row = {"variant": name, **{k: float(np.median([r[k] for r in got])) for k in got[0]}}
+        ratios = [r["img/s"] / b["img/s"] for r, b in zip(got, base)]
+        row["vs synthetic"] = f"{np.median(ratios):.1%}"
+        if len(got) > 1:
+            row["per-round ratio"] = " ".join(f"{v:.1%}" for v in ratios)
+        rows.append(row)
+    return rows
 
 if __name__ == "__main__":
     main()

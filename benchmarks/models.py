@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -128,16 +129,23 @@ def loaders(a, src: Path, raw: Path, device):
 
 
 def plain_rows(a, name, data: dict, device) -> list[dict]:
+    """Rows of the plain loop. With --rounds N every data source runs N times, the sources alternating,
+    and a row reports the median img/s and each round's ratio to that round's synthetic run (paired:
+    a launch-bound model's loop varies by several percent from one run to the next)."""
     model = make_model(name).to(device, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     compiled = torch.compile(model)
+    rates: dict[str, list[float]] = {k: [] for k, dl in data.items() if dl is not None}
+    for r in range(a.rounds):
+        for key in rates:
+            rates[key].append(plain_loop(compiled, opt, data[key], a.seconds, a.warmup if r == 0 else 3, device))
+            log.info("%s plain %s round %d: %.0f img/s", name, key, r, rates[key][-1])
     rows = []
-    for key, dl in data.items():
-        if dl is None:
-            continue
-        rate = plain_loop(compiled, opt, dl, a.seconds, a.warmup, device)
-        rows.append({"model": name, "loop": "plain, compile", "data": key, "img/s": rate})
-        log.info("%s plain %s: %.0f img/s", name, key, rate)
+    for key, got in rates.items():
+        row = {"model": name, "loop": "plain, compile", "data": key, "img/s": float(np.median(got))}
+        if a.rounds > 1:
+            row["per-round ratio"] = " ".join(f"{v / s:.1%}" for v, s in zip(got, rates["synthetic"]))
+        rows.append(row)
     return rows
 
 
@@ -208,6 +216,8 @@ def main() -> None:
     ap.add_argument("--per-class", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--warmup", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=1, help="plain loop: alternate the data sources this many "
+                    "times; rows report the median and each round's paired ratio")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--workers", type=int, default=0, help="PIL DataLoader workers (0: one per core)")
@@ -244,8 +254,10 @@ def main() -> None:
     notes = (f"{machine()['gpu']}: {a.per_class * 10} JPEGs -> 256 px raw cache; batch {a.batch_size}, bf16 "
              f"autocast, channels_last, torch.compile default; {a.seconds:.0f} s timed per row after "
              f"{a.warmup} warm-up steps; loader kernel {a.kernel}. Rerun: `python benchmarks/models.py "
-             f"--models {a.models}" + (f" --jpeg-backends {a.jpeg_backends}" if a.jpeg_backends else "") + "`.")
-    md = write(f"models-{a.models.replace(',', '-')}", with_ratios(rows), COLS + ["data wait", "cuda_graph"],
+             f"--models {a.models}" + (f" --rounds {a.rounds}" if a.rounds > 1 else "")
+             + (f" --jpeg-backends {a.jpeg_backends}" if a.jpeg_backends else "") + "`.")
+    md = write(f"models-{a.models.replace(',', '-')}", with_ratios(rows),
+               COLS + ["data wait", "cuda_graph"] + (["per-round ratio"] if a.rounds > 1 else []),
                notes, out)
     chart(rows, md.with_suffix(".png"))
     print(tag())

@@ -36,7 +36,7 @@ stage_zoo() {       # MODELS=resnet18,resnet50 ZOO_ARGS="--profile"
 }
 stage_probe() {     # PROBE_MODEL=resnet18
     timeout ${PROBE_TIMEOUT:-240} $PY benchmarks/host_probe.py --model ${PROBE_MODEL:-resnet18} --work /tmp/zoo \
-        --out "$RES" 2>&1 | grep -v "Warning\|warn(" | tail -25
+        --out "$RES" ${PROBE_ARGS:-} 2>&1 | grep -v "Warning\|warn(" | tail -25
 }
 stage_ab() {        # the read pipeline against the old tree carried in .old (git archive OLD fastdata | tar -x -C .old)
     timeout ${AB_TIMEOUT:-540} $PY benchmarks/ab_read.py --old "$PWD/.old" --per-class ${AB_PER_CLASS:-400} \
