@@ -123,7 +123,6 @@ def main() -> None:
         ("loader eager kernel, 8 threads", lambda: fd(kernel="eager"), None),
         ("loader triton, switch interval 0.2 ms", "switch", None),
     ]
-    variants.append(("loader triton, staging thread", "staged", None))
     if a.only:
         keep = a.only.split(",")
         variants = [v for v in variants if v[0] == variants[0][0] or any(k in v[0] for k in keep)]
@@ -151,14 +150,6 @@ def run_variant(model, opt, make, images_of, fd, seconds: float) -> dict:
             return run_variant(model, opt, fd, None, fd, seconds)
         finally:
             sys.setswitchinterval(old)
-    if make == "staged":
-        from fastdata.read.backends.raw import RawBackend
-
-        RawBackend.stage_thread = True
-        try:
-            return run_variant(model, opt, fd, None, fd, seconds)
-        finally:
-            RawBackend.stage_thread = False
     data = make()
     try:
         return loop(model, opt, forever(data) if hasattr(data, "close") else data, seconds, images_of=images_of)

@@ -26,7 +26,7 @@ state loaded with load_state_dict() is continued where it was saved.
 from __future__ import annotations
 
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -181,12 +181,10 @@ class Loader:
         if self._inflight and self._inflight[0]["key"] == key:
             return
         for ent in self._inflight:
-            for work in (ent["fut"], ent["staged"]):   # a staging thread's copy out of the slot too
-                try:
-                    if isinstance(work, Future):
-                        work.result()
-                except Exception:  # noqa: BLE001 - a stale read's failure does not matter
-                    pass
+            try:
+                ent["fut"].result()
+            except Exception:  # noqa: BLE001 - a stale read's failure does not matter
+                pass
         self._inflight.clear()
 
     def _submit(self, key, idx) -> None:

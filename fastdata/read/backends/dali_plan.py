@@ -95,7 +95,7 @@ class Feeder:
         self.crops: tuple[int, int] | None = None
 
     def _read(self, p: Planned):
-        encoded = [self.source.get(i)[0] for i in p.idx.tolist()]
+        encoded = self.source.get_batch(p.idx)[0]
         out = [encoded, p.idx.astype(np.int64).reshape(-1, 1)]
         if self.crops is not None:   # the plan's crop draws (dali_crop.py), one row per sample
             seed, bs = self.crops

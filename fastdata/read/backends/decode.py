@@ -18,9 +18,9 @@ def batch_rng(seed: int, key, batch_size: int) -> np.random.Generator:
 
 def read_encoded(source: EncodedSource, idx: np.ndarray, aug: AugmentConfig, rng: np.random.Generator):
     """(encoded bytes per sample, labels, flip mask)."""
-    encoded, labels = zip(*(source.get(i) for i in idx))
+    encoded, labels = source.get_batch(idx)
     flips = rng.random(len(idx)) < 0.5 if aug.train and aug.flip else np.zeros(len(idx), bool)
-    return list(encoded), torch.tensor(labels, dtype=torch.int64), torch.from_numpy(flips)
+    return encoded, torch.from_numpy(labels), torch.from_numpy(flips)
 
 
 def source_attrs(backend, source: EncodedSource, prefix: str) -> None:

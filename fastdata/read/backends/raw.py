@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -43,9 +42,6 @@ def _host_images(shape) -> torch.Tensor:
 
 class RawBackend(BaseBackend):
     kind = "raw"
-    # CUDA: copy and augment on a staging thread instead of the training thread (experiment flag for
-    # benchmarks/host_probe.py: a launch-bound loop pays for every host microsecond next() takes)
-    stage_thread = False
 
     def __init__(self, cache: Cache, cfg, device: torch.device) -> None:
         m = cache.manifest
@@ -62,7 +58,6 @@ class RawBackend(BaseBackend):
         self.shard_counts = [s.count for s in m.shards]
         self._streamer, self.window = self._streaming()
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._stager = None
 
     def _streaming(self):
         """(Streamer or None, shuffle window): stream.py says when and why."""
@@ -148,45 +143,26 @@ class RawBackend(BaseBackend):
         src = slot["images"][:slot["nbytes"]] if self.variable else slot["images"][:n]
         if self._stream is None:  # CPU: hand out the slot's tensors, the slot is not reused
             return src, slot["labels"][:n], slot["plan"][:n]
-        if self.stage_thread:
-            if self._stager is None:
-                self._stager = ThreadPoolExecutor(1, thread_name_prefix="fastdata-stage")
-            return self._stager.submit(self._to_device, slot, src, n, True)
-        return self._to_device(slot, src, n, False)
-
-    def _to_device(self, slot: dict, src: torch.Tensor, n: int, augment_here: bool):
-        """Copy the slot to the device on the side stream; with augment_here (the staging thread) the
-        augmentation runs there too, and the batch is ready when the returned event has fired."""
         with torch.cuda.stream(self._stream):
             images = src.to(self.device, non_blocking=True)
             labels = slot["labels"][:n].to(self.device, non_blocking=True)
             plan = slot["plan"][:n].to(self.device, non_blocking=True) if self.cfg.augment else None
             copied = torch.cuda.Event()
             copied.record(self._stream)
-            if augment_here and plan is not None:
-                images, plan = apply_plan(images, plan, self.cfg.augment), None
-            ready = torch.cuda.Event() if augment_here else copied
-            if augment_here:
-                ready.record(self._stream)
         slot["copied"] = copied          # the reader that refills this slot waits on it
-        return images, labels, plan, ready
-
-    def finish(self, staged, _idx):
-        if self._stream is None:
-            images, labels, plan = staged
-            return (apply_plan(images, plan, self.cfg.augment) if self.cfg.augment else images), labels
-        images, labels, plan, ready = staged.result() if self.stage_thread else staged
         main = torch.cuda.current_stream(self.device)
-        main.wait_event(ready)           # GPU-side wait: no host sync
+        main.wait_event(copied)          # GPU-side wait: no host sync
         for t in (images, labels, plan):
             if t is not None:
                 t.record_stream(main)
-        if plan is not None:
+        return images, labels, plan
+
+    def finish(self, staged, _idx):
+        images, labels, plan = staged
+        if self.cfg.augment is not None:
             images = apply_plan(images, plan, self.cfg.augment)
         return images, labels
 
     def close(self) -> None:
-        if self._stager is not None:
-            self._stager.shutdown(wait=True)
         if self._streamer is not None:
             self._streamer.close()
