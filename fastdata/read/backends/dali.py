@@ -52,15 +52,16 @@ def _dali():
                               "(or use backend nvjpeg / cpu)") from None
 
 
-def _graph(encoded, idx, aug: AugmentConfig, opts: DaliOptions, gpu: bool, draws=None):
+def _graph(encoded, idx, aug: AugmentConfig, opts: DaliOptions, gpu: bool, window=None):
     """encoded JPEG bytes + sample indices -> (images NHWC float, indices on CPU, indices on device).
-    draws: the plan's per-sample crop uniforms (dali_crop.py), for crops that survive a resume."""
+    window: each sample's (anchor, shape, mirror) from the plan (dali_crop.py), crops that survive a
+    resume; only that window is decoded."""
     dali, fn, types = _dali()
     dev = "mixed" if gpu else "cpu"
     extra = {"hw_decoder_load": opts.hw_decoder_load,
              "hybrid_huffman_threshold": opts.hybrid_huffman_threshold} if gpu else {}
-    if aug.train and draws is not None:
-        anchor, shape, mirror = crop_window(encoded, *draws, aug)
+    if aug.train and window is not None:
+        anchor, shape, mirror = window
         images = fn.decoders.image_slice(encoded, anchor, shape, device=dev, output_type=types.RGB,
                                          normalized_anchor=False, normalized_shape=False, **extra)
         images = fn.resize(images, size=[aug.size, aug.size], antialias=True)
@@ -148,21 +149,23 @@ class DaliBackend(BaseBackend):
                                       prefetch_queue_depth=cfg.read_ahead)
         planned_crops = self.opts.crop == "plan" and cfg.augment.train
         with pipe:
-            draws = None
+            window = None
             if planned is not None:
                 files, idx = files_for(self.encoded, planned, cfg.batch_size)
                 encoded, index = fn.readers.file(files=files, labels=idx, random_shuffle=False,
                                                  prefetch_queue_depth=2, name="files")
                 fed.extend(planned)
-                if planned_crops:
+                if planned_crops:   # no bytes on the host: the window is computed in the graph
                     draws = fn.external_source(source=CropFeed(planned, cfg.seed, cfg.batch_size), num_outputs=3,
                                                batch=True, dtype=types.FLOAT)
+                    window = crop_window(encoded, *draws, cfg.augment)
             else:
-                self._feeders[j].start(feed, fed, (cfg.seed, cfg.batch_size) if planned_crops else None)
-                encoded, index, *draws = fn.external_source(
+                self._feeders[j].start(feed, fed, (cfg.augment, cfg.seed, cfg.batch_size) if planned_crops else None)
+                encoded, index, *window = fn.external_source(
                     source=self._feeders[j], num_outputs=5 if planned_crops else 2, batch=True,
-                    dtype=[types.UINT8, types.INT64] + [types.FLOAT] * (3 if planned_crops else 0))
-            pipe.set_outputs(*_graph(encoded, index, cfg.augment, self.opts, self.gpu, draws or None))
+                    dtype=[types.UINT8, types.INT64] + ([types.FLOAT, types.FLOAT, types.INT32] if planned_crops
+                                                        else []))
+            pipe.set_outputs(*_graph(encoded, index, cfg.augment, self.opts, self.gpu, window or None))
         pipe.build()
         return _Lane(pipe, fed)
 

@@ -31,7 +31,8 @@ import numpy as np
 
 from ..order import SampleOrder
 from ...errors import LoaderError
-from .dali_crop import draws
+from .dali_crop import host_windows
+from .decode import batch_rng
 from ..encoded import EncodedSource
 
 # samples per files list of the native reader; a new pipeline is built after them. Measured on 2 CPU
@@ -92,19 +93,25 @@ class Feeder:
         self.planned: Iterator[Planned] = iter(())
         self.pending: deque = deque()
         self.fed: deque[Planned] = deque()
-        self.crops: tuple[int, int] | None = None
+        self.crops: tuple | None = None
 
     def _read(self, p: Planned):
         encoded = self.source.get_batch(p.idx)[0]
         out = [encoded, p.idx.astype(np.int64).reshape(-1, 1)]
-        if self.crops is not None:   # the plan's crop draws (dali_crop.py), one row per sample
-            seed, bs = self.crops
-            out += draws(seed, p.epoch, p.position // bs, len(p.idx), len(p.idx))
+        if self.crops is not None:   # each sample's crop window and flip, drawn here (dali_crop.py)
+            aug, seed, bs = self.crops
+            cache = self.source.cache
+            shape = cache.manifest.sample_shape if cache is not None else None
+            # drawn in sorted index order, as the other backends read a batch, then put in plan order
+            ranks = np.argsort(p.idx, kind="stable")
+            drawn = host_windows([encoded[k] for k in ranks], shape, aug, batch_rng(seed, (p.epoch, p.position), bs))
+            back = np.argsort(ranks)
+            out += [np.ascontiguousarray(a[back]) for a in drawn]
         return out
 
-    def start(self, planned: Iterator[Planned], fed: deque, crops: tuple[int, int] | None = None) -> None:
-        """Feed from `planned` on; each batch handed to DALI is appended to `fed`. With crops=(seed,
-        batch_size), each batch also carries its crop draws."""
+    def start(self, planned: Iterator[Planned], fed: deque, crops: tuple | None = None) -> None:
+        """Feed from `planned` on; each batch handed to DALI is appended to `fed`. With crops=(AugmentConfig,
+        seed, batch_size), each batch also carries its crop windows and flips."""
         for _, fut in self.pending:
             fut.cancel()
         self.planned, self.fed, self.pending, self.crops = planned, fed, deque(), crops
