@@ -2,9 +2,10 @@
 
     python benchmarks/dali_crop.py [--per-class 40] [--seconds 6] [--device cpu|auto]
 
-crop="plan" feeds each sample's crop/flip draws from (seed, epoch, batch) and computes the window in
-the DALI graph (fastdata/read/backends/dali_crop.py), so a resumed run decodes the same pixels; crop="dali"
-uses DALI's own random crop operator. Rows alternate (plan, dali, plan, dali) in one run.
+crop="plan" draws each sample's crop window and flip on the host from (seed, epoch, batch) and the
+image's header size, and feeds them to the graph (fastdata/read/backends/dali_crop.py), so a resumed
+run decodes the same pixels; crop="dali" uses DALI's own random crop operator. Rows alternate (plan,
+dali, plan, dali) in one run.
 """
 from __future__ import annotations
 

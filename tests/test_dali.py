@@ -175,60 +175,16 @@ def test_train_crops_survive_a_resume_pixel_for_pixel(image_folder, reader):
     assert not torch.equal(full[0][1], full[1][1][:len(full[0][1])])
 
 
-def test_plan_crop_statistics_match_random_resized_crop(image_folder):
-    """The DALI graph's crop windows follow torchvision's RandomResizedCrop: area share in
-    [0.08, 1] with its mean, aspect ratio in [3/4, 4/3], and the same windows as a NumPy reference."""
-    import math
+def test_auto_backend_takes_nvjpeg_for_a_jpeg_cache_on_a_gpu(jpeg_cache, image_folder, monkeypatch):
+    """A JPEG cache holds only JPEGs, which nvjpeg decodes faster than DALI's fed path; folders (any
+    format) keep DALI; without a GPU both stay off nvjpeg."""
+    from fastdata.read import verbs
 
-    from nvidia import dali
-    from nvidia.dali import fn, types
-
-    from fastdata.read.backends.dali_crop import crop_window, draws
-    from fastdata.read.augment import AugmentConfig
-
-    files = sorted(str(p) for p in image_folder.rglob("*.jpg"))
-    bs, batches = 40, 3
-    feed = iter([draws(9, 0, k, bs, bs) for k in range(batches)])
-    pipe = dali.pipeline.Pipeline(batch_size=bs, num_threads=2, device_id=None, seed=1)
-    with pipe:
-        enc, _ = fn.readers.file(files=files, random_shuffle=False)
-        u = fn.external_source(source=lambda: next(feed), num_outputs=3, batch=True, dtype=types.FLOAT)
-        anchor, shape, _ = crop_window(enc, *u, AugmentConfig())
-        pipe.set_outputs(anchor, shape, fn.peek_image_shape(enc))
-    pipe.build()
-    areas, ratios = [], []
-    for k in range(batches):
-        anchor, shape, img = (o.as_array() for o in pipe.run())
-        area_u, aspect_u, place_u = draws(9, 0, k, bs, bs)
-        for j in range(bs):
-            H, W = int(img[j][0]), int(img[j][1])
-            w, h = shape[j]
-            x, y = anchor[j]
-            assert 0 <= x and x + w <= W and 0 <= y and y + h <= H
-            ref = _rrc_reference(H, W, area_u[j], aspect_u[j], place_u[j])
-            assert (int(y), int(x), int(h), int(w)) == ref
-            areas.append(w * h / (H * W))
-            ratios.append(w / h)
-    areas, ratios = np.array(areas), np.array(ratios)
-    assert areas.min() >= 0.08 - 0.01 and areas.max() <= 1.0
-    rng = np.random.default_rng(0)                 # the same algorithm on independent draws
-    mc = [_rrc_reference(375, 500, rng.random(10), rng.random(10), rng.random(3)) for _ in range(20000)]
-    mc_area = np.array([h * w / (375 * 500) for _, _, h, w in mc])
-    assert abs(areas.mean() - mc_area.mean()) < 4 * mc_area.std() / np.sqrt(len(areas))
-    assert ratios.min() >= 0.74 and ratios.max() <= 1.35 and abs(np.log(ratios).mean()) < 0.1
-    assert math.isclose(len(areas), bs * batches)
-
-
-def _rrc_reference(H, W, area_u, aspect_u, place_u):
-    """torchvision's RandomResizedCrop.get_params, driven by the same uniforms."""
-    import math
-
-    lo, hi = math.log(3 / 4), math.log(4 / 3)
-    for a, r in zip(area_u, aspect_u):
-        target = H * W * (0.08 + float(a) * 0.92)
-        ratio = math.exp(lo + float(r) * (hi - lo))
-        w, h = math.floor(math.sqrt(target * ratio) + 0.5), math.floor(math.sqrt(target / ratio) + 0.5)
-        if 0 < w <= W and 0 < h <= H:
-            return math.floor(float(place_u[0]) * (H - h + 1)), math.floor(float(place_u[1]) * (W - w + 1)), h, w
-    side = min(H, W)
-    return (H - side) // 2, (W - side) // 2, side, side
+    aug = AugmentConfig()
+    assert verbs._pick("auto", jpeg_cache, aug, "cuda") == "dali"         # no GPU here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(verbs, "_torchvision_ok", lambda: True)
+    assert verbs._pick("auto", jpeg_cache, aug, "cuda") == "nvjpeg"
+    assert verbs._pick("auto", jpeg_cache, aug, "cpu") == "dali"
+    assert verbs._pick("auto", image_folder, aug, "cuda") == "dali"
+    assert verbs._pick("dali", jpeg_cache, aug, "cuda") == "dali"

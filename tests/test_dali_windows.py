@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from fastdata.read.augment import AugmentConfig, normalize
-from fastdata.read.backends.dali_crop import host_windows, image_size
+from fastdata.read.backends.dali_crop import batch_windows, host_windows, image_size
 from fastdata.read.crop_box import crop_boxes
 
 
@@ -26,6 +26,21 @@ def test_image_size_reads_jpeg_headers(kw):
     assert image_size(_encode(Image.new("L", (5, 300)), "JPEG")) == (300, 5)
 
 
+@pytest.mark.parametrize("orientation,turned", [(1, False), (3, False), (6, True), (8, True)])
+@pytest.mark.parametrize("order", ["little", "big"])
+def test_image_size_follows_exif_orientation(orientation, turned, order):
+    """DALI's decoders turn an image by its EXIF orientation, so its crop window must fit the turned
+    size (a window for the stored size fails: 'cropping window ... is not valid')."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    raw = exif.tobytes()
+    if order == "big":    # PIL writes little-endian; rebuild the same single-entry IFD big-endian
+        raw = (b"Exif\0\0MM\0\x2a\0\0\0\x08\0\x01" + (0x0112).to_bytes(2, "big") + (3).to_bytes(2, "big")
+               + (1).to_bytes(4, "big") + orientation.to_bytes(2, "big") + b"\0\0" + b"\0\0\0\0")
+    data = _encode(Image.new("RGB", (120, 40)), "JPEG", exif=raw)
+    assert image_size(data) == ((120, 40) if turned else (40, 120))
+
+
 def test_image_size_other_formats_and_garbage():
     assert image_size(_encode(Image.new("RGB", (40, 30)), "PNG")) == (30, 40)
     assert image_size(np.frombuffer(b"\xff\xd8\xff\xe0 truncated", dtype=np.uint8)) == (1, 1)
@@ -34,42 +49,76 @@ def test_image_size_other_formats_and_garbage():
 
 def test_host_windows_are_the_nvjpeg_draws():
     aug = AugmentConfig(size=32)
-    encoded = [_encode(Image.new("RGB", (w, h)), "JPEG") for w, h in ((64, 48), (200, 100), (33, 90))]
-    anchor, shape, mirror = host_windows(encoded, None, aug, np.random.default_rng(4))
+    h, w = [48, 100, 90], [64, 200, 33]
+    anchor, shape, mirror = host_windows(h, w, aug, np.random.default_rng(4))
     rng = np.random.default_rng(4)
     flips = rng.random(3) < 0.5
-    boxes = crop_boxes([48, 100, 90], [64, 200, 33], aug, rng)   # (top, left, height, width)
+    boxes = crop_boxes(h, w, aug, rng)   # (top, left, height, width)
     assert np.array_equal(anchor, boxes[:, [1, 0]]) and np.array_equal(shape, boxes[:, [3, 2]])
     assert np.array_equal(mirror.astype(bool), flips)
-    fixed = host_windows(encoded, (48, 64), aug, np.random.default_rng(4))     # a cache's fixed shape
-    assert (fixed[0][:, 0] + fixed[1][:, 0] <= 64).all() and (fixed[0][:, 1] + fixed[1][:, 1] <= 48).all()
+    assert ((anchor + shape) <= np.stack([w, h], 1)).all() and (anchor >= 0).all()
 
 
-def test_dali_fed_crops_decode_the_planned_windows(jpeg_cache):
-    """DALI (CPU) on a JPEG cache against PIL decoding the same windows: the windows are wired right
-    (sorted draw order, x/y and w/h order, flips) when the pixels agree."""
+def test_batch_windows_follow_the_sample_not_its_place_in_the_plan():
+    """Windows are drawn over the batch in sorted index order: a sample gets the same window wherever
+    the plan puts it, and padding repeats the last sample's window."""
+    aug = AugmentConfig(size=32)
+    idx = np.array([7, 2, 9, 4])
+    h, w = np.array([50, 60, 70, 80]), np.array([90, 100, 110, 120])
+    a = batch_windows(idx, h, w, aug, 1, (0, 0), 4)
+    perm = np.array([2, 0, 3, 1])
+    b = batch_windows(idx[perm], h[perm], w[perm], aug, 1, (0, 0), 4, rows=6)
+    for got, ref in zip(b, a):
+        assert np.array_equal(got[:4], ref[perm]) and np.array_equal(got[4:], np.repeat(ref[perm][-1:], 2, 0))
+
+
+@pytest.mark.parametrize("data,reader", [("jpeg_cache", "feed"), ("image_folder", "native"), ("image_folder", "feed")])
+def test_dali_crops_decode_the_planned_windows(data, reader, request):
+    """DALI (CPU) against PIL decoding the same windows: the windows are wired right (sorted draw order,
+    x/y and w/h order, flips) when the pixels agree; a JPEG cache and files, fed or read by DALI."""
     pytest.importorskip("nvidia.dali")
+    import torch
+
     import fastdata
     from fastdata.read.backends.decode import batch_rng
     from fastdata.read.encoded import EncodedSource
 
+    path = request.getfixturevalue(data)
     aug = AugmentConfig(size=24, dtype="float32", channels_last=False)
     bs = 16
-    source = EncodedSource(jpeg_cache)
-    for k, batch in enumerate(fastdata.loader(jpeg_cache, bs, backend="dali", device="cpu", seed=3, augment=aug)):
+    source = EncodedSource(path)
+    loader = fastdata.loader(path, bs, backend="dali", device="cpu", seed=3, augment=aug, file_reader=reader)
+    for k, batch in enumerate(loader):
         idx = np.sort(batch.indices.numpy())
         rng = batch_rng(3, (0, k * bs), bs)
         flips = rng.random(len(idx)) < 0.5
-        sizes = [Image.open(io.BytesIO(source.get(i)[0].tobytes())).size for i in idx]
-        boxes = crop_boxes([h for _, h in sizes], [w for w, _ in sizes], aug, rng)
+        images = [Image.open(io.BytesIO(source.get(i)[0].tobytes())).convert("RGB") for i in idx]
+        boxes = crop_boxes([im.height for im in images], [im.width for im in images], aug, rng)
         ref = []
-        for i, (t, left, h, w), flip in zip(idx, boxes, flips):
-            img = Image.open(io.BytesIO(source.get(i)[0].tobytes())).convert("RGB")
+        for img, (t, left, h, w), flip in zip(images, boxes, flips):
             img = img.resize((24, 24), Image.BILINEAR, box=(left, t, left + w, t + h))
             ref.append(np.asarray(img.transpose(Image.FLIP_LEFT_RIGHT) if flip else img))
-        ref = normalize(__import__("torch").from_numpy(np.stack(ref)), aug)
+        ref = normalize(torch.from_numpy(np.stack(ref)), aug)
         got = batch.images[np.argsort(batch.indices.numpy())].float()
         diff = (got - ref).abs()
         assert diff.mean() < 0.1, f"batch {k}: mean abs difference {diff.mean():.3f}"
         if k == 1:
             break
+
+
+@pytest.mark.parametrize("reader", ["native", "feed"])
+def test_dali_train_crops_fit_exif_turned_photos(tmp_path, reader):
+    """Phone photos stored sideways with an EXIF orientation: every window fits the turned image."""
+    pytest.importorskip("nvidia.dali")
+    import fastdata
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    for c in range(2):
+        (tmp_path / f"c{c}").mkdir()
+        for k in range(6):
+            Image.new("RGB", (160 + 10 * k, 40), (40 * k, 90, 200)).save(tmp_path / f"c{c}" / f"{k}.jpg",
+                                                                       exif=exif.tobytes())
+    loader = fastdata.loader(tmp_path, 4, backend="dali", device="cpu", augment=AugmentConfig(size=16),
+                             file_reader=reader)
+    assert sum(len(b.labels) for b in loader) == 12

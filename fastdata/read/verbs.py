@@ -74,6 +74,11 @@ def _pick(backend: str, data, augment, device: str) -> str:
         return "raw"
     if backend == "cpu" and kind == "raw":
         return "raw"
+    if backend == "auto" and kind == "jpeg" and device != "cpu" and torch.cuda.is_available() and _torchvision_ok():
+        # a JPEG cache (every sample a JPEG) decodes faster through nvjpeg than DALI's fed path, alone
+        # and feeding a model, on the H200 (README, "Compact caches"); folders, which may hold other
+        # formats, stay with DALI
+        return "nvjpeg"
     chosen = choose_backend(backend, device)
     if chosen not in BACKENDS:
         raise LoaderError(f"backend {backend!r}: choose one of auto, {', '.join(BACKENDS)}")

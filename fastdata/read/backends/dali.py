@@ -31,7 +31,7 @@ from ...errors import DependencyError, LoaderError
 from ..augment import AugmentConfig
 from ..config import DaliOptions
 from . import BaseBackend
-from .dali_crop import CropFeed, crop_window
+from .dali_crop import HeaderSizes, WindowFeed
 from .dali_plan import Feeder, Planned, files_for, native_plan, plan
 from ..encoded import EncodedSource, undecodable
 
@@ -122,6 +122,8 @@ class DaliBackend(BaseBackend):
         self._turn = 0                                   # the lane whose output comes next
         self._next: tuple[int, int] | None = None       # (epoch, position) of the next output
         self._plan_end: tuple[int, int] | None = None   # where the native reader's files list ends
+        self._sizes = None                               # image sizes from headers (native reader crops)
+        self._window_feeds: list[WindowFeed] = []
 
     def attach(self, order) -> None:
         self.order = order
@@ -130,6 +132,7 @@ class DaliBackend(BaseBackend):
         """Fresh pipelines whose first outputs are the batches the order expects next."""
         here = (self.order.epoch, self.order.position)
         self.lanes = []                          # the old pipelines' buffers go before new ones are made
+        self._close_window_feeds()
         n = self.opts.pipelines
         if self.native:
             planned = native_plan(self.order, *here)
@@ -155,10 +158,14 @@ class DaliBackend(BaseBackend):
                 encoded, index = fn.readers.file(files=files, labels=idx, random_shuffle=False,
                                                  prefetch_queue_depth=2, name="files")
                 fed.extend(planned)
-                if planned_crops:   # no bytes on the host: the window is computed in the graph
-                    draws = fn.external_source(source=CropFeed(planned, cfg.seed, cfg.batch_size), num_outputs=3,
-                                               batch=True, dtype=types.FLOAT)
-                    window = crop_window(encoded, *draws, cfg.augment)
+                if planned_crops:   # the bytes stay in DALI: windows from the images' header sizes
+                    if self._sizes is None:
+                        self._sizes = HeaderSizes(self.encoded)
+                    feed = WindowFeed(planned, self._sizes, cfg.augment, cfg.seed, cfg.batch_size, self._threads,
+                                      cfg.read_ahead + 2)
+                    self._window_feeds.append(feed)
+                    window = fn.external_source(source=feed, num_outputs=3, batch=True,
+                                                dtype=[types.FLOAT, types.FLOAT, types.INT32])
             else:
                 self._feeders[j].start(feed, fed, (cfg.augment, cfg.seed, cfg.batch_size) if planned_crops else None)
                 encoded, index, *window = fn.external_source(
@@ -188,8 +195,14 @@ class DaliBackend(BaseBackend):
         self._next = p.after
         return p.idx, x, y
 
+    def _close_window_feeds(self) -> None:
+        for feed in self._window_feeds:
+            feed.close()
+        self._window_feeds = []
+
     def close(self) -> None:
         self.lanes = []
+        self._close_window_feeds()
         for f in self._feeders:
             f.pool.shutdown(wait=False, cancel_futures=True)
 

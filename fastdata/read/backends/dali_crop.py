@@ -1,128 +1,139 @@
-"""Resumable random-resized crops inside a DALI graph: the random numbers come from the plan.
+"""Resumable random-resized crops for DALI: each sample's window and flip drawn on the host.
 
 DALI's own random operators draw from the pipeline's seed, so a pipeline rebuilt after
-load_state_dict() would crop and flip differently from the uninterrupted run. Here every sample's
-draws are a pure function of (seed, epoch, batch number) — the same key the cache loader and the
-PIL/nvJPEG paths use — and are fed through ``fn.external_source``; the graph turns them into
-torchvision's RandomResizedCrop (up to 10 tries of area and log-aspect, the first that fits wins,
-else the centred square) with DALI arithmetic on the peeked image shape, then decodes only that
-window with ``fn.decoders.image_slice``. That graph serves DALI's own file reader, whose bytes
-never reach Python; where they do (the Feeder: JPEG caches, fed files), the windows are drawn
-on the host instead (host_windows, below), drawn as the nvjpeg backend draws them (crop_box.crop_boxes
-over the batch in sorted index order, from the batch's generator), so the two crop a batch alike.
+load_state_dict() would crop and flip differently from the uninterrupted run. Here every batch's
+flips and crop boxes come from the batch's generator, a pure function of (seed, epoch, batch
+number), drawn as the nvjpeg backend draws them (crop_box.crop_boxes over the batch in sorted index
+order), and reach the graph through ``fn.external_source``; ``fn.decoders.image_slice`` then
+decodes only that window.
 
-The tries are evaluated as vectors (one node per formula, not per try), which keeps the graph at
-about 20 small CPU operators per batch.
+The boxes need each image's size before decoding: a JPEG cache has one fixed shape, and otherwise
+the size is read from the image's header (image_size). An earlier version computed the windows
+inside the DALI graph from the peeked shape, about 20 CPU operators per sample: with the decoding
+on the GPU that capped the loader near 11k img/s on the H200, where windows fed from the host let a
+JPEG cache decode at 24.5-25.7k (results/decode-dali-hostwindows-H200-2026-12-04.md).
 """
 from __future__ import annotations
 
-import math
+import io
+from concurrent.futures import ThreadPoolExecutor
+from itertools import cycle
 
 import numpy as np
 
 from ..augment import AugmentConfig
+from ..crop_box import crop_boxes
+from .decode import batch_rng
 
-TRIES = 10
-
-
-def draws(seed: int, epoch: int, batch_no: int, n: int, rows: int) -> list[np.ndarray]:
-    """Per-sample uniforms of one batch, n real samples padded to `rows`: area (rows, 10),
-    log-aspect (rows, 10), and (top, left, flip) (rows, 3). A sample's draws do not depend on rows."""
-    rng = np.random.default_rng([seed, epoch, batch_no, 0xC0])
-    u = rng.random((max(rows, n), 2 * TRIES + 3), dtype=np.float32)
-    u[n:] = 0.5
-    return [np.ascontiguousarray(u[:, :TRIES]), np.ascontiguousarray(u[:, TRIES:2 * TRIES]),
-            np.ascontiguousarray(u[:, 2 * TRIES:])]
-
-
-def crop_window(encoded, area, aspect, place, aug: AugmentConfig):
-    """DALI nodes: (anchor [x, y], shape [w, h], mirror) of each sample's crop."""
-    import nvidia.dali.math as dmath
-    from nvidia.dali import fn, types
-
-    shape = fn.cast(fn.peek_image_shape(encoded), dtype=types.FLOAT)
-    h_img, w_img = shape[0], shape[1]
-    lo, hi = math.log(aug.ratio[0]), math.log(aug.ratio[1])
-    target = h_img * w_img * (float(aug.scale[0]) + area * float(aug.scale[1] - aug.scale[0]))
-    ratio = dmath.exp(lo + aspect * (hi - lo))
-    cw = dmath.floor(dmath.sqrt(target * ratio) + 0.5)
-    ch = dmath.floor(dmath.sqrt(target / ratio) + 0.5)
-    fits = (cw <= w_img) & (ch <= h_img) & (cw > 0) & (ch > 0)
-    score = fn.cast(fits, dtype=types.FLOAT) * types.Constant(np.arange(TRIES, 0, -1, dtype=np.float32))
-    best = fn.reductions.max(score)                          # the first try that fits scores highest
-    first = fn.cast((score == best) & fits, dtype=types.FLOAT)
-    found = dmath.min(best, 1.0)
-    side = dmath.min(h_img, w_img)
-    w = fn.reductions.sum(first * cw) + (1 - found) * side
-    h = fn.reductions.sum(first * ch) + (1 - found) * side
-    top = found * dmath.floor(place[0] * (h_img - h + 1)) + (1 - found) * dmath.floor((h_img - h) / 2)
-    left = found * dmath.floor(place[1] * (w_img - w + 1)) + (1 - found) * dmath.floor((w_img - w) / 2)
-    mirror = fn.cast(place[2] < 0.5, dtype=types.INT32) if aug.flip else 0
-    return fn.stack(left, top), fn.stack(w, h), mirror
-
-
-class CropFeed:
-    """external_source callable for the native reader: the draws of each planned batch, in order.
-    Past the end of the list (DALI may prefetch beyond it before the pipeline is rebuilt) it hands
-    out neutral draws, which are never yielded."""
-
-    def __init__(self, planned, seed: int, batch_size: int) -> None:
-        self.planned, self.seed, self.batch_size = iter(planned), seed, batch_size
-
-    def __call__(self):
-        p = next(self.planned, None)
-        if p is None:
-            return draws(self.seed, 0, 0, 0, self.batch_size)   # n=0: every row neutral (0.5)
-        return draws(self.seed, p.epoch, p.position // self.batch_size, len(p.idx), self.batch_size)
-
-
-# ---- windows drawn on the host: the Feeder's path (JPEG caches, fed files) ---------------------------
-# The graph above costs about 20 DALI CPU operators per sample: with the decoding on the GPU they capped
-# the whole loader near 11k img/s on the H200 (a JPEG cache had decoded at 27.7k with DALI's own crop
-# operator), and on the 2-core box the window graph alone ran 16k samples/s against 1.5M for windows fed
-# from the host. Where the bytes pass through Python anyway, the windows are drawn there.
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 
 
 def image_size(encoded) -> tuple[int, int]:
-    """(height, width) from a JPEG's frame header without decoding; other formats through PIL's header
-    read; (1, 1) for bytes neither can read (the decoder then names the sample)."""
+    """(height, width) as decoded, from a JPEG's headers without decoding: the frame size, turned by a
+    quarter when the EXIF orientation says so (DALI's decoders apply it); other formats through PIL's
+    header read; (1, 1) for bytes neither can read (the decoder then names the sample)."""
     b = memoryview(encoded).cast("B")
-    i, n = 2, len(b)
+    i, n, turned = 2, len(b), False
     if n > 3 and b[0] == 0xFF and b[1] == 0xD8:
         while i + 8 < n:
             if b[i] != 0xFF:
                 i += 1
             elif b[i + 1] in _SOF:
-                return (b[i + 5] << 8) | b[i + 6], (b[i + 7] << 8) | b[i + 8]
+                h, w = (b[i + 5] << 8) | b[i + 6], (b[i + 7] << 8) | b[i + 8]
+                return (w, h) if turned else (h, w)
             elif b[i + 1] == 0xFF or b[i + 1] == 0x01 or 0xD0 <= b[i + 1] <= 0xD8:
                 i += 1 if b[i + 1] == 0xFF else 2      # fill byte, or a marker without a length
             else:
-                i += 2 + ((b[i + 2] << 8) | b[i + 3])
+                length = (b[i + 2] << 8) | b[i + 3]
+                if b[i + 1] == 0xE1:
+                    turned = turned or _exif_orientation(b[i + 4:i + 2 + length]) in (5, 6, 7, 8)
+                i += 2 + length
     try:
-        import io
+        from PIL import Image, ImageOps
 
-        from PIL import Image
-
-        w, h = Image.open(io.BytesIO(b.tobytes())).size
+        w, h = ImageOps.exif_transpose(Image.open(io.BytesIO(b.tobytes()))).size
         return h, w
     except Exception:  # noqa: BLE001 - undecodable: DALI fails on it and undecodable() names it
         return 1, 1
 
 
-def host_windows(encoded, shape, aug: AugmentConfig, rng: np.random.Generator) -> list[np.ndarray]:
-    """[anchor (n, 2) x/y, shape (n, 2) w/h as float32, mirror (n,) int32] of one batch: the flips, then
-    crop_boxes, from the batch's generator, as the nvjpeg backend draws them. shape: the cache's fixed
-    sample shape, or None to read each image's header."""
-    from ..crop_box import crop_boxes
+def _exif_orientation(seg: memoryview) -> int:
+    """The Orientation tag (0x0112) of an APP1 Exif segment's first IFD; 1 (upright) when absent."""
+    if len(seg) < 14 or bytes(seg[:6]) != b"Exif\0\0":
+        return 1
+    tiff = seg[6:]
+    order = "little" if bytes(tiff[:2]) == b"II" else "big"
 
-    n = len(encoded)
-    flips = rng.random(n) < 0.5 if aug.flip else np.zeros(n, bool)
-    if shape is not None:
-        h, w = np.full(n, shape[0]), np.full(n, shape[1])
-    else:
-        h, w = (np.array(v, dtype=np.int64) for v in zip(*(image_size(e) for e in encoded))) if n else \
-            (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    def num(at: int, size: int) -> int:
+        return int.from_bytes(tiff[at:at + size], order) if at + size <= len(tiff) else 0
+
+    ifd = num(4, 4)
+    for k in range(num(ifd, 2)):
+        entry = ifd + 2 + 12 * k
+        if num(entry, 2) == 0x0112:
+            return num(entry + 8, 2)
+    return 1
+
+
+def host_windows(h, w, aug: AugmentConfig, rng: np.random.Generator) -> list[np.ndarray]:
+    """[anchor (n, 2) x/y, shape (n, 2) w/h as float32, mirror (n,) int32] for images of heights h and
+    widths w: the flips, then crop_boxes, from one generator, as the nvjpeg backend draws them."""
+    h, w = np.asarray(h, dtype=np.int64), np.asarray(w, dtype=np.int64)
+    flips = rng.random(len(h)) < 0.5 if aug.flip else np.zeros(len(h), bool)
     boxes = crop_boxes(h, w, aug, rng)
     return [np.ascontiguousarray(boxes[:, [1, 0]], dtype=np.float32),
             np.ascontiguousarray(boxes[:, [3, 2]], dtype=np.float32), flips.astype(np.int32)]
+
+
+def batch_windows(idx: np.ndarray, h, w, aug: AugmentConfig, seed: int, key, batch_size: int,
+                  rows: int | None = None) -> list[np.ndarray]:
+    """The windows of one planned batch: sample indices idx and their image heights h and widths w, in
+    plan order; key = (epoch, position). Drawn in sorted index order, as the other backends read a
+    batch, then put back in plan order and padded to `rows` by repeating the last sample (the native
+    reader's padding)."""
+    ranks = np.argsort(idx, kind="stable")
+    drawn = host_windows(np.asarray(h)[ranks], np.asarray(w)[ranks], aug, batch_rng(seed, key, batch_size))
+    back = np.argsort(ranks)
+    pad = (rows or len(idx)) - len(idx)
+    return [np.ascontiguousarray(np.concatenate([a[back], np.repeat(a[back][-1:], pad, axis=0)])) for a in drawn]
+
+
+class HeaderSizes:
+    """(heights, widths) of image files by sample index, read from their headers once and kept (8 bytes
+    a sample: 10 MB for ImageNet's 1.28M)."""
+
+    def __init__(self, source) -> None:
+        self.source = source
+        self.h = np.zeros(len(source), dtype=np.int32)
+        self.w = np.zeros(len(source), dtype=np.int32)
+
+    def __call__(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        for i in idx[self.h[idx] == 0].tolist():
+            self.h[i], self.w[i] = image_size(self.source.get(i)[0])
+        return self.h[idx], self.w[idx]
+
+
+class WindowFeed:
+    """external_source callable for DALI's native file reader, whose bytes never reach Python: each
+    planned batch's windows, from the images' header sizes, read a few batches ahead in threads. Past
+    the end of the plan (DALI prefetches beyond it before the pipeline is rebuilt) the reader wraps to
+    the list's start, and so do the windows; those batches are never yielded."""
+
+    def __init__(self, planned, sizes: HeaderSizes, aug: AugmentConfig, seed: int, batch_size: int,
+                 threads: int, ahead: int) -> None:
+        self.args = (sizes, aug, seed, batch_size)
+        self.pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="fastdata-dali-windows")
+        self.planned = cycle(planned)
+        self.pending = [self.pool.submit(self._windows, next(self.planned)) for _ in range(max(1, ahead))]
+
+    def _windows(self, p):
+        sizes, aug, seed, bs = self.args
+        return batch_windows(p.idx, *sizes(p.idx), aug, seed, (p.epoch, p.position), bs, rows=bs)
+
+    def __call__(self):
+        fut = self.pending.pop(0)
+        self.pending.append(self.pool.submit(self._windows, next(self.planned)))
+        return fut.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

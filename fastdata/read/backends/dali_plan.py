@@ -31,8 +31,7 @@ import numpy as np
 
 from ..order import SampleOrder
 from ...errors import LoaderError
-from .dali_crop import host_windows
-from .decode import batch_rng
+from .dali_crop import batch_windows, image_size
 from ..encoded import EncodedSource
 
 # samples per files list of the native reader; a new pipeline is built after them. Measured on 2 CPU
@@ -100,13 +99,10 @@ class Feeder:
         out = [encoded, p.idx.astype(np.int64).reshape(-1, 1)]
         if self.crops is not None:   # each sample's crop window and flip, drawn here (dali_crop.py)
             aug, seed, bs = self.crops
-            cache = self.source.cache
-            shape = cache.manifest.sample_shape if cache is not None else None
-            # drawn in sorted index order, as the other backends read a batch, then put in plan order
-            ranks = np.argsort(p.idx, kind="stable")
-            drawn = host_windows([encoded[k] for k in ranks], shape, aug, batch_rng(seed, (p.epoch, p.position), bs))
-            back = np.argsort(ranks)
-            out += [np.ascontiguousarray(a[back]) for a in drawn]
+            shape = self.source.cache.manifest.sample_shape if self.source.cache is not None else None
+            h, w = (np.full(len(p.idx), shape[0]), np.full(len(p.idx), shape[1])) if shape is not None else \
+                np.array([image_size(e) for e in encoded], dtype=np.int64).reshape(-1, 2).T
+            out += batch_windows(p.idx, h, w, aug, seed, (p.epoch, p.position), bs)
         return out
 
     def start(self, planned: Iterator[Planned], fed: deque, crops: tuple | None = None) -> None:
