@@ -161,10 +161,10 @@ class DaliBackend(BaseBackend):
                 if planned_crops:   # the bytes stay in DALI: windows from the images' header sizes
                     if self._sizes is None:
                         self._sizes = HeaderSizes(self.encoded)
-                    feed = WindowFeed(planned, self._sizes, cfg.augment, cfg.seed, cfg.batch_size, self._threads,
-                                      cfg.read_ahead + 2)
-                    self._window_feeds.append(feed)
-                    window = fn.external_source(source=feed, num_outputs=3, batch=True,
+                    windows = WindowFeed(planned, self._sizes, cfg.augment, cfg.seed, cfg.batch_size,
+                                         self._threads, cfg.read_ahead + 2)
+                    self._window_feeds.append(windows)
+                    window = fn.external_source(source=windows, num_outputs=3, batch=True,
                                                 dtype=[types.FLOAT, types.FLOAT, types.INT32])
             else:
                 self._feeders[j].start(feed, fed, (cfg.augment, cfg.seed, cfg.batch_size) if planned_crops else None)
