@@ -122,3 +122,11 @@ def test_dali_train_crops_fit_exif_turned_photos(tmp_path, reader):
     loader = fastdata.loader(tmp_path, 4, backend="dali", device="cpu", augment=AugmentConfig(size=16),
                              file_reader=reader)
     assert sum(len(b.labels) for b in loader) == 12
+
+
+def test_image_size_of_a_turned_png_without_decoding_it(monkeypatch):
+    exif = Image.Exif()
+    exif[0x0112] = 8
+    data = _encode(Image.new("RGB", (50, 20)), "PNG", exif=exif.tobytes())
+    monkeypatch.setattr(Image.Image, "load", lambda self: (_ for _ in ()).throw(AssertionError("decoded")))
+    assert image_size(data) == (50, 20)

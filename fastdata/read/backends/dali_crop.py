@@ -49,10 +49,11 @@ def image_size(encoded) -> tuple[int, int]:
                     turned = turned or _exif_orientation(b[i + 4:i + 2 + length]) in (5, 6, 7, 8)
                 i += 2 + length
     try:
-        from PIL import Image, ImageOps
+        from PIL import Image
 
-        w, h = ImageOps.exif_transpose(Image.open(io.BytesIO(b.tobytes()))).size
-        return h, w
+        img = Image.open(io.BytesIO(b.tobytes()))       # reads the header only
+        w, h = img.size
+        return (w, h) if img.getexif().get(0x0112, 1) in (5, 6, 7, 8) else (h, w)
     except Exception:  # noqa: BLE001 - undecodable: DALI fails on it and undecodable() names it
         return 1, 1
 
