@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 from fastdata.read.augment import AugmentConfig, normalize
-from fastdata.read.backends.dali_crop import batch_windows, host_windows, image_size
+from fastdata.read.backends.dali_crop import batch_windows, host_windows
+from fastdata.read.header import image_size
 from fastdata.read.crop_box import crop_boxes
 
 
@@ -72,11 +73,15 @@ def test_batch_windows_follow_the_sample_not_its_place_in_the_plan():
         assert np.array_equal(got[:4], ref[perm]) and np.array_equal(got[4:], np.repeat(ref[perm][-1:], 2, 0))
 
 
-@pytest.mark.parametrize("data,reader", [("jpeg_cache", "feed"), ("image_folder", "native"), ("image_folder", "feed")])
-def test_dali_crops_decode_the_planned_windows(data, reader, request):
-    """DALI (CPU) against PIL decoding the same windows: the windows are wired right (sorted draw order,
-    x/y and w/h order, flips) when the pixels agree; a JPEG cache and files, fed or read by DALI."""
-    pytest.importorskip("nvidia.dali")
+@pytest.mark.parametrize("backend,data,reader", [("dali", "jpeg_cache", "feed"), ("dali", "image_folder", "native"),
+                                                 ("dali", "image_folder", "feed"), ("pil", "jpeg_cache", None),
+                                                 ("pil", "image_folder", None)])
+def test_crops_decode_the_planned_windows(backend, data, reader, request):
+    """DALI (CPU) and the pil backend against PIL decoding the windows nvjpeg would draw, at full
+    resolution: the windows are wired right (sorted draw order, x/y and w/h order, flips) when the
+    pixels agree, and pil's reduced-scale decode keeps the box's resolution."""
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
     import torch
 
     import fastdata
@@ -87,7 +92,8 @@ def test_dali_crops_decode_the_planned_windows(data, reader, request):
     aug = AugmentConfig(size=24, dtype="float32", channels_last=False)
     bs = 16
     source = EncodedSource(path)
-    loader = fastdata.loader(path, bs, backend="dali", device="cpu", seed=3, augment=aug, file_reader=reader)
+    opts = {"file_reader": reader} if reader else {}
+    loader = fastdata.loader(path, bs, backend=backend, device="cpu", seed=3, augment=aug, **opts)
     for k, batch in enumerate(loader):
         idx = np.sort(batch.indices.numpy())
         rng = batch_rng(3, (0, k * bs), bs)

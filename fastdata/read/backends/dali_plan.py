@@ -31,7 +31,8 @@ import numpy as np
 
 from ..order import SampleOrder
 from ...errors import LoaderError
-from .dali_crop import batch_windows, image_size
+from ..header import image_size
+from .dali_crop import batch_windows
 from ..encoded import EncodedSource
 
 # samples per files list of the native reader; a new pipeline is built after them. Measured on 2 CPU
