@@ -12,7 +12,8 @@ The flow, and the files that carry it::
     -> loader  read/verbs.py (fastdata.loader: picks the backend), read/config.py (LoaderConfig),
                read/core.py (the one Loader: order.py, batch.py coverage, read-ahead, slots, state)
     -> backend read/backends/raw.py (fill.py, table.py + gather.py, stream.py), pil.py, nvjpeg.py,
-               dali.py (dali_plan.py, dali_crop.py); augment.py + augment_triton.py, crop.py (plans)
+               dali.py (dali_plan.py, dali_crop.py); augment.py + augment_triton.py, crop.py (plans),
+               crop_box.py + header.py (one crop draw per batch from header sizes: pil, nvjpeg, dali)
     -> device  pinned slots, side-stream copies, one augmentation kernel in the batch dtype
     -> engine  engine/engine.py (fit, train_step), step.py, graph.py, distributed.py, checkpoint.py
   cli/assemble.py makes (engine, loader) from one RunConfig for `train`, `doctor` and benchmarks;
