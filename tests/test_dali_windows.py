@@ -136,3 +136,24 @@ def test_image_size_of_a_turned_png_without_decoding_it(monkeypatch):
     data = _encode(Image.new("RGB", (50, 20)), "PNG", exif=exif.tobytes())
     monkeypatch.setattr(Image.Image, "load", lambda self: (_ for _ in ()).throw(AssertionError("decoded")))
     assert image_size(data) == (50, 20)
+
+
+def test_header_sizes_read_the_head_and_the_whole_file_only_when_needed(tmp_path):
+    """A frame header behind 100 KB of ICC profile is found by reading the whole file; an ordinary
+    JPEG costs only its first bytes."""
+    from fastdata.read.backends.dali_crop import HEAD_BYTES, HeaderSizes
+    from fastdata.read.encoded import EncodedSource
+
+    (tmp_path / "a").mkdir()
+    Image.new("RGB", (90, 30)).save(tmp_path / "a" / "plain.jpg")
+    Image.new("RGB", (70, 50)).save(tmp_path / "a" / "icc.jpg", icc_profile=bytes(100_000))
+    source = EncodedSource(tmp_path)
+    names = [source.name(i).rsplit("/", 1)[-1] for i in range(len(source))]
+    reads = []
+    full = source.get
+    source.get = lambda i: reads.append(i) or full(i)
+    h, w = HeaderSizes(source)(np.arange(len(source)))
+    got = dict(zip(names, zip(h.tolist(), w.tolist())))
+    assert got == {"plain.jpg": (30, 90), "icc.jpg": (50, 70)}
+    assert [names[i] for i in reads] == ["icc.jpg"]
+    assert (tmp_path / "a" / "icc.jpg").stat().st_size > HEAD_BYTES

@@ -71,6 +71,18 @@ class EncodedSource:
             raise LoaderError(f"{item.path}: cannot read ({e.strerror}); the image folder changed since the "
                               f"loader started") from e
 
+    def head(self, i: int, nbytes: int) -> np.ndarray:
+        """The first nbytes of sample i's encoded bytes (enough for its header): a file reads no more."""
+        if self.cache is None:
+            item = self.items[int(i)]
+            if item.span is None and "://" not in item.path:
+                try:
+                    return np.fromfile(item.path, dtype=np.uint8, count=nbytes)
+                except OSError as e:
+                    raise LoaderError(f"{item.path}: cannot read ({e.strerror}); the image folder changed since "
+                                      f"the loader started") from e
+        return self.get(i)[0][:nbytes]
+
     def get_batch(self, idx) -> tuple[list[np.ndarray], np.ndarray]:
         """(encoded bytes of each sample, int64 labels) of a batch. From a cache: one lookup per shard
         the batch touches and a numpy slice per sample, where get() costs a Python call chain per

@@ -48,6 +48,9 @@ def batch_windows(idx: np.ndarray, h, w, aug: AugmentConfig, seed: int, key, bat
     return [np.ascontiguousarray(np.concatenate([a[back], np.repeat(a[back][-1:], pad, axis=0)])) for a in drawn]
 
 
+HEAD_BYTES = 1 << 16      # bytes read for a header: a JPEG's frame header sits within them but for big EXIF/ICC
+
+
 class HeaderSizes:
     """(heights, widths) of image files by sample index, read from their headers once and kept (8 bytes
     a sample: 10 MB for ImageNet's 1.28M)."""
@@ -59,8 +62,17 @@ class HeaderSizes:
 
     def __call__(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         for i in idx[self.h[idx] == 0].tolist():
-            self.h[i], self.w[i] = image_size(self.source.get(i)[0])
+            self.h[i], self.w[i] = self._read(i)
         return self.h[idx], self.w[idx]
+
+    def _read(self, i: int) -> tuple[int, int]:
+        """From the file's first HEAD_BYTES (DALI reads the whole file again anyway); the whole file only
+        where the frame header lies further in (large EXIF or ICC segments first)."""
+        head = self.source.head(i, HEAD_BYTES)
+        size = image_size(head)
+        if size == (1, 1) and len(head) == HEAD_BYTES:
+            size = image_size(self.source.get(i)[0])
+        return size
 
 
 class WindowFeed:
