@@ -63,25 +63,25 @@ class EncodedSource:
             self.cache.check_integrity()
             return data.numpy(), label
         item = self.items[int(i)]
-        try:
-            if item.span is None and "://" not in item.path:    # a plain file: one read, a writable array
-                return np.fromfile(item.path, dtype=np.uint8), item.label
-            return np.frombuffer(bytearray(read_item(item)), dtype=np.uint8), item.label
-        except OSError as e:
-            raise LoaderError(f"{item.path}: cannot read ({e.strerror}); the image folder changed since the "
-                              f"loader started") from e
+        return self._item_bytes(item), item.label
 
     def head(self, i: int, nbytes: int) -> np.ndarray:
         """The first nbytes of sample i's encoded bytes (enough for its header): a file reads no more."""
-        if self.cache is None:
-            item = self.items[int(i)]
-            if item.span is None and "://" not in item.path:
-                try:
-                    return np.fromfile(item.path, dtype=np.uint8, count=nbytes)
-                except OSError as e:
-                    raise LoaderError(f"{item.path}: cannot read ({e.strerror}); the image folder changed since "
-                                      f"the loader started") from e
-        return self.get(i)[0][:nbytes]
+        if self.cache is not None:
+            return self.get(i)[0][:nbytes]
+        return self._item_bytes(self.items[int(i)], nbytes)
+
+    @staticmethod
+    def _item_bytes(item, count: int = -1) -> np.ndarray:
+        """An item's bytes (the first `count` where count >= 0) as a writable uint8 array."""
+        try:
+            if item.span is None and "://" not in item.path:    # a plain file: one read
+                return np.fromfile(item.path, dtype=np.uint8, count=count)
+            data = np.frombuffer(bytearray(read_item(item)), dtype=np.uint8)
+            return data if count < 0 else data[:count]
+        except OSError as e:
+            raise LoaderError(f"{item.path}: cannot read ({e.strerror}); the image folder changed since the "
+                              f"loader started") from e
 
     def get_batch(self, idx) -> tuple[list[np.ndarray], np.ndarray]:
         """(encoded bytes of each sample, int64 labels) of a batch. From a cache: one lookup per shard
