@@ -107,20 +107,24 @@ def _fused_sample():
     return _FUSED[0]
 
 
-def apply_plan(src: torch.Tensor, plan: torch.Tensor, cfg: AugmentConfig) -> torch.Tensor:
+def apply_plan(src: torch.Tensor, plan: torch.Tensor, cfg: AugmentConfig, planar: bool = False) -> torch.Tensor:
     """Augment a batch by its plan (crop.draw_plan), both on the same device.
 
     src: uint8 NHWC (n, H, W, 3) when every sample has one shape, or a flat uint8
-    buffer of samples packed end to end at the plan's offsets (variable shapes). Returns
-    (n, 3, size, size) in cfg.dtype, channels_last when cfg.channels_last."""
+    buffer of samples packed end to end at the plan's offsets (variable shapes). planar: the
+    samples are CHW planes at the plan's offsets, which may reach other allocations (nvJPEG's
+    separate tensors; the Triton kernel only). Returns (n, 3, size, size) in cfg.dtype,
+    channels_last when cfg.channels_last."""
     dtype = getattr(torch, cfg.dtype)
     scale, shift = _norm_constants(cfg.mean, cfg.std, src.device)
     kernel = resolve_kernel(cfg, src.device)
     if kernel == "triton":
         from .augment_triton import crop_resize_normalise
 
-        out = crop_resize_normalise(src, plan, cfg.size, scale, shift, dtype)
+        out = crop_resize_normalise(src, plan, cfg.size, scale, shift, dtype, planar=planar)
         return out if cfg.channels_last else out.contiguous()
+    if planar:
+        raise ValueError("planar samples need the triton kernel")
     sample = _fused_sample() if kernel == "compiled" else _sample
     if src.dim() == 4:
         return sample(src, plan, scale, shift, cfg.size, dtype, cfg.channels_last)

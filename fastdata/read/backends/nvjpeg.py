@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ...errors import DependencyError, LoaderError
-from ..augment import _norm_constants, normalize, resolve_kernel
+from ..augment import apply_plan, normalize, plan_tensor, resolve_kernel
 from ..crop import plan_rows
 from ..crop_box import crop_boxes
 from ..encoded import EncodedSource
@@ -71,16 +71,10 @@ class NvjpegBackend(BaseBackend):
         w = np.array([im.shape[2] for im in decoded], dtype=np.int64)
         boxes = crop_boxes(h, w, aug, rng)
         if self._triton and boxes[:, 2:].min() < 2 * aug.size:
-            from ..augment_triton import crop_resize_normalise
-
             ptrs = np.array([im.data_ptr() for im in decoded], dtype=np.int64)
             first = int(ptrs.argmin())
             plan = plan_rows(boxes, flips.numpy(), aug.size, (ptrs - ptrs[first]).astype(np.float64), h, w)
-            plan = torch.from_numpy(plan).pin_memory().to(self.device, non_blocking=True)
-            scale, shift = _norm_constants(aug.mean, aug.std, self.device)
-            out = crop_resize_normalise(decoded[first], plan, aug.size, scale, shift, getattr(torch, aug.dtype),
-                                        planar=True)
-            return out if aug.channels_last else out.contiguous()
+            return apply_plan(decoded[first], plan_tensor(plan, self.device), aug, planar=True)
         packed, sizes = pack(decoded)
         return normalize(crop_resize(packed, sizes, torch.from_numpy(boxes), aug.size, flips), aug, layout="NCHW")
 
