@@ -23,13 +23,14 @@ import numpy as np
 from ..augment import AugmentConfig
 from ..crop_box import crop_boxes
 from ..header import image_size
-from .decode import batch_rng
+from .decode import batch_rng, draw_flips
+
 
 def host_windows(h, w, aug: AugmentConfig, rng: np.random.Generator) -> list[np.ndarray]:
     """[anchor (n, 2) x/y, shape (n, 2) w/h as float32, mirror (n,) int32] for images of heights h and
     widths w: the flips, then crop_boxes, from one generator, as the nvjpeg backend draws them."""
     h, w = np.asarray(h, dtype=np.int64), np.asarray(w, dtype=np.int64)
-    flips = rng.random(len(h)) < 0.5 if aug.flip else np.zeros(len(h), bool)
+    flips = draw_flips(len(h), aug, rng)
     boxes = crop_boxes(h, w, aug, rng)
     return [np.ascontiguousarray(boxes[:, [1, 0]], dtype=np.float32),
             np.ascontiguousarray(boxes[:, [3, 2]], dtype=np.float32), flips.astype(np.int32)]

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..order import SampleOrder
 from ...errors import LoaderError
-from ..header import image_size
+from ..header import image_sizes
 from .dali_crop import batch_windows
 from ..encoded import EncodedSource
 
@@ -102,7 +102,7 @@ class Feeder:
             aug, seed, bs = self.crops
             shape = self.source.cache.manifest.sample_shape if self.source.cache is not None else None
             h, w = (np.full(len(p.idx), shape[0]), np.full(len(p.idx), shape[1])) if shape is not None else \
-                np.array([image_size(e) for e in encoded], dtype=np.int64).reshape(-1, 2).T
+                image_sizes(encoded)
             out += batch_windows(p.idx, h, w, aug, seed, (p.epoch, p.position), bs)
         return out
 

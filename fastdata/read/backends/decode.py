@@ -19,8 +19,12 @@ def batch_rng(seed: int, key, batch_size: int) -> np.random.Generator:
 def read_encoded(source: EncodedSource, idx: np.ndarray, aug: AugmentConfig, rng: np.random.Generator):
     """(encoded bytes per sample, labels, flip mask)."""
     encoded, labels = source.get_batch(idx)
-    flips = rng.random(len(idx)) < 0.5 if aug.train and aug.flip else np.zeros(len(idx), bool)
-    return encoded, torch.from_numpy(labels), torch.from_numpy(flips)
+    return encoded, torch.from_numpy(labels), torch.from_numpy(draw_flips(len(idx), aug, rng))
+
+
+def draw_flips(n: int, aug: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
+    """A batch's flip mask, drawn before its crop boxes (every decoding backend, DALI's windows too)."""
+    return rng.random(n) < 0.5 if aug.train and aug.flip else np.zeros(n, bool)
 
 
 def source_attrs(backend, source: EncodedSource, prefix: str) -> None:

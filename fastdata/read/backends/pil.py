@@ -20,8 +20,8 @@ from ...errors import LoaderError, SampleError
 from ..augment import AugmentConfig, normalize
 from ..crop_box import crop_boxes
 from ..encoded import EncodedSource
+from ..header import image_sizes
 from . import BaseBackend
-from ..header import image_size
 from .decode import batch_rng, read_encoded, source_attrs
 
 
@@ -52,10 +52,10 @@ class PilBackend(BaseBackend):
         aug = self.cfg.augment
         rng = batch_rng(self.cfg.seed, key, self.cfg.batch_size)
         encoded, labels, flips = read_encoded(self.encoded, idx, aug, rng)
-        sizes = np.array([image_size(e) for e in encoded], dtype=np.int64).reshape(-1, 2)
-        boxes = crop_boxes(sizes[:, 0], sizes[:, 1], aug, rng)    # the whole batch in one draw, as nvjpeg
+        h, w = image_sizes(encoded)
+        boxes = crop_boxes(h, w, aug, rng)    # the whole batch in one draw, as nvjpeg
         pixels = np.stack([_pil_decode(e, b, hw, aug, self.encoded.name(i))
-                           for e, b, hw, i in zip(encoded, boxes, sizes, idx)])
+                           for e, b, hw, i in zip(encoded, boxes, zip(h, w), idx)])
         return torch.from_numpy(pixels), labels, flips
 
     def stage(self, _slot, out, _n):
