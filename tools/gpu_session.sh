@@ -8,7 +8,7 @@
 # Photos: pass FASTDATA_PHOTOS=DIR (PNG files from `python tools/make_sample.py DIR --export-photos`)
 # where scikit-image is not installed. DALI: `dali` joins .dali*/part-* (a split tar.xz of an
 # unpacked DALI install, sent over several calls) into /tmp/dalisite and puts it on PYTHONPATH, then runs
-# the DALI tests (DALI_TESTS=tests/gpu: only the GPU ones).
+# the DALI tests (DALI_TESTS=tests/gpu: only the GPU ones). tools/dali_parts.sh makes and joins the parts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -48,11 +48,8 @@ for name, kw in (("raw256", {}), ("jpeg256", {"encode": "jpeg"})):
 EOF
 }
 stage_dali() {
-    if [ ! -d /tmp/dalisite/nvidia/dali ]; then
-        cat .dali*/part-* > /tmp/dali.tar.xz && (cd /tmp && sha256sum -c "$OLDPWD/.dali1/SHA256SUMS") || return 1
-        mkdir -p /tmp/dalisite && tar -C /tmp/dalisite -xJf /tmp/dali.tar.xz && rm /tmp/dali.tar.xz
-        export PYTHONPATH="$PYTHONPATH:/tmp/dalisite"
-    fi
+    bash tools/dali_parts.sh join || return 1
+    export PYTHONPATH="$PYTHONPATH:/tmp/dalisite"
     $PY -c "import nvidia.dali as d; print('DALI', d.__version__)" || return 1
     $PY -m pytest -q ${DALI_TESTS:-tests/test_dali.py tests/gpu} -k "dali or nvjpeg" -m "" -p no:cacheprovider 2>&1 \
         | tee "$RES/dali-tests.txt" | tail -15

@@ -53,11 +53,8 @@ stage_decode() {    # decode-only img/s of the JPEG backends on the zoo's JPEG c
     timeout ${DECODE_TIMEOUT:-200} $PY benchmarks/decode.py --src /tmp/zoo/src --jpeg /tmp/zoo/jpeg256 \
         --backends ${DECODE_BACKENDS:-nvjpeg} --seconds 5 --out "$RES" 2>&1 | grep -v "Warning\|warn(" | tail -15
 }
-stage_dali() {      # DALI joined from .dali*/part-* (a split tar.xz of a site dir, carried over several calls)
-    if [ ! -d /tmp/dalisite/nvidia/dali ]; then
-        cat .dali*/part-* > /tmp/dali.tar.xz && (cd /tmp && sha256sum -c "$OLDPWD/.dali1/SHA256SUMS") || return 1
-        mkdir -p /tmp/dalisite && tar -C /tmp/dalisite -xJf /tmp/dali.tar.xz && rm /tmp/dali.tar.xz
-    fi
+stage_dali() {      # DALI joined from .dali*/part-* (tools/dali_parts.sh split, carried over several calls)
+    bash tools/dali_parts.sh join || return 1
     export PYTHONPATH="$PYTHONPATH:/tmp/dalisite"
     $PY -c "import nvidia.dali as d; print('DALI', d.__version__)"
 }
