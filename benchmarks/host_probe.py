@@ -96,9 +96,18 @@ def main() -> None:
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=1, help="run the variants this many times, alternating")
+    ap.add_argument("--jpeg", action="store_true", help="the JPEG-cache contention variants (_jpeg_probe.py) "
+                    "instead of the raw-cache ones")
+    ap.add_argument("--rate", type=float, default=70.0, help="batches/s of the --jpeg decode-only variants")
+    ap.add_argument("--decode-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--only", default="", help="comma list of substrings: run the variants naming one "
                     "(and the synthetic row)")
     a = ap.parse_args()
+    if a.decode_child:
+        import _jpeg_probe
+
+        return _jpeg_probe.child(a.decode_child, a.batch_size, a.rate)
+    a.jpeg_backends = "nvjpeg" if a.jpeg else ""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.backends.cudnn.benchmark = True
     src, raw = make_data(a, Path(a.work or tempfile.mkdtemp(prefix="fastdata-probe-")))
@@ -108,9 +117,9 @@ def main() -> None:
     model = torch.compile(model)
     syn = SyntheticBatches(bs, dev)
 
-    def fd(**kw):
+    def fd(cache=raw, **kw):
         aug = kw.pop("augment", AugmentConfig(size=224, dtype="bfloat16", kernel=kw.pop("kernel", "auto")))
-        return fastdata.loader(raw, bs, device="cuda", augment=aug, drop_last=True, **{"threads": 8, **kw})
+        return fastdata.loader(cache, bs, device="cuda", augment=aug, drop_last=True, **{"threads": 8, **kw})
 
     variants = [
         ("synthetic bf16 batch", lambda: forever(syn), None),
@@ -123,6 +132,10 @@ def main() -> None:
         ("loader eager kernel, 8 threads", lambda: fd(kernel="eager"), None),
         ("loader triton, switch interval 0.2 ms", "switch", None),
     ]
+    if a.jpeg:
+        import _jpeg_probe
+
+        variants = _jpeg_probe.variants(fd, syn, raw.with_name("jpeg256"), bs, a.rate)
     if a.only:
         keep = a.only.split(",")
         variants = [v for v in variants if v[0] == variants[0][0] or any(k in v[0] for k in keep)]
@@ -134,10 +147,10 @@ def main() -> None:
             log.info("round %d %s: %s", rnd, name, r)
     rows = summarise(runs)
     cols = ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms", "main cpu ms", "graphs"]
-    write(f"host-probe-{a.model}", rows, cols + (["per-round ratio"] if a.rounds > 1 else []),
+    write(f"host-probe-{a.model}{'-jpeg' if a.jpeg else ''}", rows, cols + (["per-round ratio"] if a.rounds > 1 else []),
           f"{a.model}, batch {bs}, bf16, compile default, plain loop; {a.seconds:.0f} s per row, {a.rounds} "
           f"round(s), variants alternating; medians. Rerun: `python benchmarks/host_probe.py --model {a.model}"
-          f"{f' --rounds {a.rounds}' if a.rounds > 1 else ''}{f' --only {a.only}' if a.only else ''}`.",
+          f"{f' --rounds {a.rounds}' if a.rounds > 1 else ''}{' --jpeg' if a.jpeg else ''}{f' --only {a.only}' if a.only else ''}`.",
           Path(a.out) if a.out else None)
 
 

@@ -38,6 +38,13 @@ stage_probe() {     # PROBE_MODEL=resnet18
     timeout ${PROBE_TIMEOUT:-240} $PY benchmarks/host_probe.py --model ${PROBE_MODEL:-resnet18} --work /tmp/zoo \
         --out "$RES" ${PROBE_ARGS:-} 2>&1 | grep -v "Warning\|warn(" | tail -25
 }
+stage_pyspy() {    # PROBE_ARGS under py-spy (wheel carried in .pyspy): GIL holders' stacks, per thread
+    $PY -m pip install -q --no-index --no-deps --target /tmp/pyspy .pyspy/*.whl || return 1
+    timeout ${PROBE_TIMEOUT:-240} /tmp/pyspy/bin/py-spy record --gil --threads --nonblocking --format raw -r 200 \
+        -o "$RES/pyspy-${PROBE_MODEL:-resnet18}.txt" -- $PY benchmarks/host_probe.py --model ${PROBE_MODEL:-resnet18} \
+        --work /tmp/zoo --out "$RES" ${PROBE_ARGS:-} 2>&1 | grep -v "Warning\|warn(" | tail -15
+    $PY tools/pyspy_summary.py "$RES/pyspy-${PROBE_MODEL:-resnet18}.txt" | head -60
+}
 stage_ab() {        # the read pipeline against the old tree carried in .old (git archive OLD fastdata | tar -x -C .old)
     timeout ${AB_TIMEOUT:-540} $PY benchmarks/ab_read.py --old "$PWD/.old" --per-class ${AB_PER_CLASS:-400} \
         --seconds ${AB_SECONDS:-5} --rounds ${AB_ROUNDS:-1} --rows ${AB_ROWS:-all} --out "$RES" 2>&1 | grep -v "Warning\|warn(" | tail -30

@@ -1,0 +1,97 @@
+"""host_probe.py's JPEG-cache variants: where resnet18 fed by nvJPEG loses a third of its speed.
+
+Decoding alone outruns the model 1.6x and keeps the SMs 2% busy (decode.py), so the loss is
+contention. The variants say which kind, each against the same compiled loop on a synthetic batch:
+
+- the loader's batches discarded (the model trains on the synthetic batch): the loader does all
+  its work, the model never waits for data. As slow as the fed row -> contention, not lateness.
+- nvJPEG decoding in another process at the model's batch rate: the GPU, its JPEG engines, the
+  PCIe link and the CPU cores are shared, the GIL and the CUDA context are not.
+- nvJPEG decoding in a thread of this process at that rate, without the loader: the decode call
+  alone, with its GIL and context share.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+
+def encoded_batch(jpeg_cache: Path, n: int) -> list[torch.Tensor]:
+    from fastdata.read.encoded import EncodedSource
+
+    encoded, _ = EncodedSource(jpeg_cache).get_batch(list(range(n)))
+    return [torch.from_numpy(e.copy()) for e in encoded]
+
+
+def decode_forever(batch: list[torch.Tensor], rate: float, stop: threading.Event | None = None) -> None:
+    """torchvision's batched nvJPEG decode of one batch, `rate` times a second (0: flat out)."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    period, t_next = (1.0 / rate if rate else 0.0), time.perf_counter()
+    while stop is None or not stop.is_set():
+        decode_jpeg(batch, mode=ImageReadMode.RGB, device="cuda")
+        torch.cuda.current_stream().synchronize()
+        t_next += period
+        time.sleep(max(0.0, t_next - time.perf_counter()))
+
+
+class DecodeThread:
+    """An iterable of the synthetic batch while a thread decodes at `rate` batches/s beside it."""
+
+    def __init__(self, syn, jpeg_cache: Path, bs: int, rate: float) -> None:
+        self.syn, self.stop = syn, threading.Event()
+        batch = encoded_batch(jpeg_cache, bs)
+        self.thread = threading.Thread(target=self._run, args=(batch, rate), daemon=True)
+        self.thread.start()
+
+    def _run(self, batch, rate):
+        with torch.cuda.stream(torch.cuda.Stream()):
+            decode_forever(batch, rate, self.stop)
+
+    def __iter__(self):
+        return iter(self.syn)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+class DecodeProcess(DecodeThread):
+    """The same decoding in a child process (python benchmarks/host_probe.py --decode-child ...)."""
+
+    def __init__(self, syn, jpeg_cache: Path, bs: int, rate: float) -> None:
+        self.syn = syn
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("host_probe.py")),
+                                      "--decode-child", str(jpeg_cache), "--batch-size", str(bs),
+                                      "--rate", str(rate)])
+        time.sleep(8.0)   # CUDA context + nvJPEG start before the timed loop
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def child(jpeg_cache: str, bs: int, rate: float) -> None:
+    decode_forever(encoded_batch(Path(jpeg_cache), bs), rate)
+
+
+def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
+    """(name, make, images_of) rows for host_probe.main; fd(**kw) makes a fastdata.loader."""
+    def jpeg(**kw):
+        return fd(cache=jpeg_cache, backend="nvjpeg", **kw)
+
+    return [
+        ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
+        ("jpeg nvjpeg loader, 8 threads", lambda: jpeg(), None),
+        ("jpeg nvjpeg loader, batches discarded (synthetic x)", lambda: jpeg(), lambda b: syn.x),
+        ("jpeg nvjpeg loader, 2 threads", lambda: jpeg(threads=2), None),
+        (f"synthetic + nvJPEG decode in a thread, {rate:.0f} batches/s", lambda: DecodeThread(syn, jpeg_cache, bs, rate),
+         None),
+        (f"synthetic + nvJPEG decode in another process, {rate:.0f} batches/s",
+         lambda: DecodeProcess(syn, jpeg_cache, bs, rate), None),
+    ]
