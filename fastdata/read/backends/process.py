@@ -184,9 +184,7 @@ def child_main() -> None:
         device = torch.device(cfg.device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        ring, done = _ring(cfg, device, slots)
-        conn.send(("ring", ring, done))      # shared before any decoding thread runs (see _ring)
-        _Child(conn, make_loader(Path(data), cfg), free_events, ring, done).run()
+        _Child(conn, make_loader(Path(data), cfg), free_events, slots).run()
     except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         return                                      # the parent went away
     except BaseException as e:  # noqa: BLE001 - every failure goes to the parent, which raises it
@@ -198,9 +196,11 @@ def child_main() -> None:
 
 
 class _Child:
-    def __init__(self, conn, loader, free_events, ring: list, done: list | None) -> None:
+    def __init__(self, conn, loader, free_events, slots: int) -> None:
         self.conn, self.loader, self.free_events = conn, loader, free_events
-        self.ring, self.done, self.free = ring, done, deque(range(len(ring)))
+        self.slots, self.free = slots, deque(range(slots))
+        self.ring: list | None = None
+        self.done: list | None = None
         self.target = None                  # (generation, epoch, position) of the last "start"
 
     def handle(self, msg) -> bool:
@@ -243,6 +243,9 @@ class _Child:
 
     def put(self, k: int, batch) -> None:
         images, labels = batch
+        if self.ring is None:
+            self.ring, self.done = _ring(images, labels, self.slots, self.loader.cfg.batch_size)
+            self.conn.send(("ring", self.ring, self.done))
         n = len(labels)
         dst_images, dst_labels = self.ring[k]
         if self.done is not None:
@@ -256,17 +259,14 @@ class _Child:
             dst_labels[:n].copy_(labels)
 
 
-def _ring(cfg, device: torch.device, slots: int):
-    """slots x (images, labels) of a full batch as the decoding backends make it ((n, 3, size, size)
-    in the augment dtype, channels_last; int64 labels), and their done events (CUDA) or None.
-    Made and shared before the loader starts: torch's CUDA IPC export (_share_cuda_) crashed the
-    child with a segfault when it ran while the nvJPEG thread was decoding (H200, torch 2.11)."""
-    aug, bs = cfg.augment, cfg.batch_size
+def _ring(images: torch.Tensor, labels: torch.Tensor, slots: int, bs: int):
+    """slots x (images, labels) shaped like a full batch, and their done events (CUDA) or None."""
+    fmt = torch.channels_last if images.dim() == 4 and images.is_contiguous(memory_format=torch.channels_last) \
+        and not images.is_contiguous() else torch.contiguous_format
     ring = []
     for _ in range(slots):
-        im = torch.empty((bs, 3, aug.size, aug.size), dtype=getattr(torch, aug.dtype), device=device,
-                         memory_format=torch.channels_last)
-        lb = torch.empty(bs, dtype=torch.int64, device=device)
-        ring.append((im, lb) if device.type == "cuda" else (im.share_memory_(), lb.share_memory_()))
-    done = [torch.cuda.Event(interprocess=True) for _ in range(slots)] if device.type == "cuda" else None
+        im = torch.empty((bs, *images.shape[1:]), dtype=images.dtype, device=images.device, memory_format=fmt)
+        lb = torch.empty((bs, *labels.shape[1:]), dtype=labels.dtype, device=labels.device)
+        ring.append((im.share_memory_(), lb.share_memory_()) if images.device.type == "cpu" else (im, lb))
+    done = [torch.cuda.Event(interprocess=True) for _ in range(slots)] if images.device.type == "cuda" else None
     return ring, done
