@@ -120,8 +120,9 @@ class ProcessBackend(BaseBackend):
                 raise LoaderError(f"{self.where}: no batch from the decoding process in {waited:.0f} s")
         try:
             msg = self._conn.recv()
-        except (EOFError, OSError):
-            raise self._dead() from None
+        except EOFError:
+            raise LoaderError(f"{self.where}: the decoding process closed its pipe (exit code "
+                              f"{self._proc.exitcode}); pass process=False to decode in this process") from None
         if msg[0] == "error":
             raise LoaderError(msg[1])
         return msg
@@ -171,9 +172,6 @@ def _shutdown(conn, proc) -> None:
 # ---- the child ----------------------------------------------------------------------------------
 def child_main() -> None:
     """Entry point of the decoding process (_spawn)."""
-    import faulthandler
-
-    faulthandler.enable()        # a crash in native code (nvJPEG, CUDA) prints every thread's stack
     key = bytes.fromhex(os.environ["FASTDATA_DECODE_KEY"])
     multiprocessing.current_process().authkey = key
     conn = Client(os.environ["FASTDATA_DECODE_ADDRESS"], family="AF_UNIX", authkey=key)
