@@ -87,12 +87,9 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
 
     return [
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
-        ("jpeg nvjpeg loader in process, 8 threads", lambda: jpeg(process=False), None),
-        ("jpeg nvjpeg loader in process, batches discarded (synthetic x)", lambda: jpeg(process=False),
-         lambda b: syn.x),
-        ("jpeg nvjpeg loader in process, 2 threads", lambda: jpeg(process=False, threads=2), None),
-        ("jpeg nvjpeg loader, decoding process (default), 8 threads", lambda: jpeg(process=True), None),
-        ("jpeg nvjpeg loader, decoding process (default), 2 threads", lambda: jpeg(process=True, threads=2), None),
+        ("jpeg nvjpeg loader, 8 threads", lambda: jpeg(), None),
+        ("jpeg nvjpeg loader, batches discarded (synthetic x)", lambda: jpeg(), lambda b: syn.x),
+        ("jpeg nvjpeg loader, 2 threads", lambda: jpeg(threads=2), None),
         (f"synthetic + nvJPEG decode in a thread, {rate:.0f} batches/s", lambda: DecodeThread(syn, jpeg_cache, bs, rate),
          None),
         (f"synthetic + nvJPEG decode in another process, {rate:.0f} batches/s",

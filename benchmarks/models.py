@@ -121,11 +121,10 @@ def loaders(a, src: Path, raw: Path, device):
                      persistent_workers=True, prefetch_factor=4, drop_last=True) if a.dataloader else None
     data = {"synthetic": SyntheticBatches(a.batch_size, device), "fastdata.loader": fd,
             f"PIL DataLoader ({workers} workers)": pil}
-    for spec in filter(None, a.jpeg_backends.split(",")):   # the compact cache, decoded on the GPU
-        backend, _, inprocess = spec.partition("-")           # nvjpeg-inprocess: no decoding process
-        data[f"fastdata.loader, JPEG cache, {spec}"] = fastdata.loader(
+    for backend in filter(None, a.jpeg_backends.split(",")):   # the compact cache, decoded on the GPU
+        data[f"fastdata.loader, JPEG cache, {backend}"] = fastdata.loader(
             raw.with_name("jpeg256"), a.batch_size, backend=backend, device=str(device), augment=aug,
-            threads=a.jpeg_threads, drop_last=True, **({"process": False} if inprocess else {}))
+            threads=a.jpeg_threads, drop_last=True)
     return data
 
 
@@ -224,7 +223,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="PIL DataLoader workers (0: one per core)")
     ap.add_argument("--kernel", default="auto", help="fastdata.loader augmentation kernel")
     ap.add_argument("--jpeg-backends", default="", help="also feed the plain loop from a 256 px JPEG cache "
-                    "through these loader backends (nvjpeg,dali; nvjpeg-inprocess: without its decoding process)")
+                    "through these loader backends (nvjpeg,dali)")
     ap.add_argument("--jpeg-threads", type=int, default=8, help="reader threads of the JPEG-cache loaders")
     ap.add_argument("--no-dataloader", dest="dataloader", action="store_false")
     ap.add_argument("--no-engine", dest="engine", action="store_false")

@@ -39,7 +39,7 @@ def _dali_ok() -> bool:
 
 
 CASES = [("raw", "raw_cache"), ("raw", "jpeg_cache"), ("raw", "variable_cache"), ("pil", "image_folder"), ("pil", "jpeg_cache"),
-         ("pil", "tar_source"), ("dali", "image_folder"), ("dali", "jpeg_cache"), ("pil-process", "jpeg_cache")]
+         ("pil", "tar_source"), ("dali", "image_folder"), ("dali", "jpeg_cache")]
 
 
 @pytest.mark.parametrize("backend,data", CASES)
@@ -47,11 +47,10 @@ def test_resume_contract_over_every_backend(backend, data, request):
     if backend == "dali" and not _dali_ok():
         pytest.skip("DALI is not installed")
     path = request.getfixturevalue(data)
-    backend, _, process = backend.partition("-")   # "pil-process": decoded in a child process
 
     def make(rank, world):
         return fastdata.loader(path, 16, backend=backend, device="cpu", seed=5, augment=AUG, rank=rank,
-                               world_size=world, threads=2, process=bool(process))
+                               world_size=world, threads=2)
 
     assert make(0, 1).cfg.backend == backend
     check_resume_contract(make, f"{backend}/{data}")

@@ -87,7 +87,6 @@ class DaliOptions:
             raise LoaderError(f"crop={self.crop!r}: choose plan (resumable) or dali")
 
 
-PROCESS_BACKENDS = ("nvjpeg", "pil")       # the decoding backends that can run in a child process
 OPTIONS = {"raw": RawOptions, "pil": DecodeOptions, "nvjpeg": DecodeOptions, "dali": DaliOptions}
 
 
@@ -105,9 +104,6 @@ class LoaderConfig:
     prefetch: int | None = None
     rank: int | None = None             # None: from torch.distributed / torchrun's RANK when set
     world_size: int | None = None
-    # decode in a child process (backends/process.py): None = on for nvjpeg on a GPU, where threads
-    # decoding beside a launch-bound training thread cost it up to half its speed
-    process: bool | None = None
     options: RawOptions | DecodeOptions | DaliOptions = field(default_factory=RawOptions)
 
     @property
@@ -128,8 +124,6 @@ class LoaderConfig:
         if not isinstance(self.options, OPTIONS[self.backend]):
             raise LoaderError(f"backend {self.backend} takes {OPTIONS[self.backend].__name__}, "
                               f"not {type(self.options).__name__}")
-        if self.process and self.backend not in PROCESS_BACKENDS:
-            raise LoaderError(f"process=True applies to backends {', '.join(PROCESS_BACKENDS)}, not {self.backend}")
         self.options.check()
         return self
 

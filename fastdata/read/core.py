@@ -85,12 +85,6 @@ class Loader:
         self.coverage_audit.load_state_dict(state["coverage"])
         self._resume_pending = True
 
-    def seek(self, epoch: int, position: int) -> None:
-        """The next iter() continues from (epoch, position), as after load_state_dict (the decoding
-        child process follows its parent's order this way)."""
-        self.order.epoch, self.order.position = int(epoch), int(position)
-        self._resume_pending = True
-
     def batches_left(self) -> int:
         """Batches the next iter() will yield."""
         return len(self) if self._fresh_pass_due() else len(self.order.epoch_batches())

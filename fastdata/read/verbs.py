@@ -86,10 +86,6 @@ def _pick(backend: str, data, augment, device: str) -> str:
 
 
 def _make_backend(data, cfg: LoaderConfig, device: torch.device):
-    if cfg.process:
-        from .backends.process import ProcessBackend
-
-        return ProcessBackend(data.path if isinstance(data, Cache) else data, cfg, device)
     if cfg.backend == "raw":
         from .backends.raw import RawBackend
 
@@ -112,32 +108,15 @@ def _make_backend(data, cfg: LoaderConfig, device: torch.device):
     return cls(source, cfg, device)
 
 
-def make_loader(data, cfg: LoaderConfig) -> Loader:
-    """The Loader of a checked config (the decoding child process makes its own with this)."""
-    return Loader(_make_backend(data, cfg, torch.device(cfg.device)), cfg)
-
-
-def _process(process: bool | None, name: str, data, dev: torch.device) -> bool:
-    """Decode in a child process? Asked for, or by default for nvjpeg on a GPU (config.LoaderConfig)."""
-    path_like = isinstance(data, (str, Path, Cache))
-    if process and not path_like:
-        raise LoaderError(f"process=True needs a folder or cache path to hand to the decoding process, not "
-                          f"{type(data).__name__}; pass a path or process=False")
-    if process is None:
-        return name == "nvjpeg" and dev.type == "cuda" and path_like and not is_url(str(data))
-    return bool(process)
-
-
 def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto", shuffle: bool = True,
            seed: int = 0, drop_last: bool = False, augment: bool | AugmentConfig | None = None,
            threads: int | None = None, prefetch: int | None = None, rank: int | None = None,
-           world_size: int | None = None, process: bool | None = None, **options) -> Loader:
+           world_size: int | None = None, **options) -> Loader:
     """Batches of (images, labels) on `device`, from any data fastdata reads.
 
     augment: None/False -> uint8 NHWC batches (backend raw); True -> train-time RandomResizedCrop(224),
     flip and normalise to float32 NCHW channels_last; or an AugmentConfig. The decoding backends always
-    crop to augment.size (AugmentConfig() when none is given). process: decode in a child process
-    (backends nvjpeg, pil; None = on for nvjpeg on a GPU). options: the backend's own settings
+    crop to augment.size (AugmentConfig() when none is given). options: the backend's own settings
     (config.RawOptions, DecodeOptions, DaliOptions); one the backend does not take is a LoaderError.
     """
     augment = AugmentConfig() if augment is True else (None if augment is False else augment)
@@ -147,9 +126,8 @@ def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto"
     dev = torch.device("cpu") if name == "pil" and device == "auto" else resolve_device(device)
     cfg = LoaderConfig(batch_size=batch_size, backend=name, device=str(dev), shuffle=shuffle, seed=seed,
                        drop_last=drop_last, augment=augment, threads=threads, prefetch=prefetch, rank=rank,
-                       world_size=world_size, process=_process(process, name, data, dev),
-                       options=split_options(name, options)).check()
-    return make_loader(data, cfg)
+                       world_size=world_size, options=split_options(name, options)).check()
+    return Loader(_make_backend(data, cfg, dev), cfg)
 
 
 def decode_loader(path, batch_size: int, *, backend: str = "auto", image_size: int = 224, seed: int = 0,

@@ -180,11 +180,9 @@ def test_dali_mixed_native_reader_and_feed_agree_across_epochs(image_folder):
 
 
 @pytest.mark.parametrize("backend,data", [("raw", "raw_cache"), ("raw", "variable_cache"), ("nvjpeg", "image_folder"),
-                                          ("nvjpeg", "jpeg_cache"), ("nvjpeg-inprocess", "jpeg_cache")])
+                                          ("nvjpeg", "jpeg_cache")])
 def test_resume_contract_on_the_gpu(backend, data, request):
-    """The CPU suite's resume contract (tests/test_read_pipeline.py) for the backends that need CUDA;
-    nvjpeg decodes in a child process by default, nvjpeg-inprocess in this one."""
-    backend, _, inprocess = backend.partition("-")
+    """The CPU suite's resume contract (tests/test_read_pipeline.py) for the backends that need CUDA."""
     if backend == "nvjpeg":
         pytest.importorskip("torchvision")
     from helpers import check_resume_contract
@@ -193,7 +191,7 @@ def test_resume_contract_on_the_gpu(backend, data, request):
 
     def make(rank, world):
         return fastdata.loader(path, 16, backend=backend, device="cuda", seed=5, rank=rank, world_size=world,
-                               augment=AugmentConfig(size=32, dtype="float32"), process=None if not inprocess else False)
+                               augment=AugmentConfig(size=32, dtype="float32"))
 
     check_resume_contract(make, f"{backend}/{data}")
 
@@ -228,27 +226,10 @@ def test_nvjpeg_in_place_kernel_equals_packed_path(jpeg_cache):
     pytest.importorskip("triton")
     outs = []
     for in_place in (True, False):
-        dl = fastdata.loader(jpeg_cache, 16, backend="nvjpeg", device="cuda", seed=3, process=False,
+        dl = fastdata.loader(jpeg_cache, 16, backend="nvjpeg", device="cuda", seed=3,
                              augment=AugmentConfig(size=48, dtype="float32"))
         dl.backend._triton = in_place
         outs.append([b.images.float().cpu() for b in dl][:3])
     for a, b in zip(*outs):
         assert a.shape == b.shape
         assert (a - b).abs().max() < 2e-2
-
-
-def test_nvjpeg_child_process_equals_in_process(jpeg_cache):
-    """nvjpeg's default (decoding in a child process, batches crossing as CUDA IPC ring slots with
-    interprocess events) gives the in-process batches bit for bit, two epochs, layout and dtype too."""
-    pytest.importorskip("torchvision")
-    aug = AugmentConfig(size=48, dtype="bfloat16")
-    runs = []
-    for process in (True, False):
-        dl = fastdata.loader(jpeg_cache, 16, backend="nvjpeg", device="cuda", seed=4, process=process, augment=aug)
-        assert (type(dl.backend).__name__ == "ProcessBackend") == process
-        runs.append([(b.indices.tolist(), b.images.clone(), b.labels.clone()) for _ in range(2) for b in dl])
-        dl.close()
-    for (ia, xa, ya), (ib, xb, yb) in zip(*runs):
-        assert ia == ib and torch.equal(ya, yb) and ya.is_cuda
-        assert xa.is_cuda and xa.dtype == xb.dtype == torch.bfloat16 and xa.stride() == xb.stride()
-        assert torch.equal(xa, xb)
