@@ -76,6 +76,25 @@ class DecodeProcess(DecodeThread):
         self.proc.wait()
 
 
+class Tweaked:
+    """A loader run with the GIL switch interval at `switch` seconds and/or its GPU thread `ahead`
+    batches ahead; both restored on close."""
+
+    def __init__(self, loader, switch: float | None = None, ahead: int | None = None) -> None:
+        self.loader, self.old = loader, sys.getswitchinterval()
+        if switch is not None:
+            sys.setswitchinterval(switch)
+        if ahead is not None:
+            loader.backend.stage_ahead = ahead
+
+    def __iter__(self):
+        return iter(self.loader)
+
+    def close(self) -> None:
+        sys.setswitchinterval(self.old)
+        self.loader.close()
+
+
 def child(jpeg_cache: str, bs: int, rate: float) -> None:
     decode_forever(encoded_batch(Path(jpeg_cache), bs), rate)
 
@@ -90,6 +109,9 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("jpeg nvjpeg loader, 8 threads", lambda: jpeg(), None),
         ("jpeg nvjpeg loader, batches discarded (synthetic x)", lambda: jpeg(), lambda b: syn.x),
         ("jpeg nvjpeg loader, 2 threads", lambda: jpeg(threads=2), None),
+        ("jpeg nvjpeg loader, switch interval 1 ms", lambda: Tweaked(jpeg(), switch=0.001), None),
+        ("jpeg nvjpeg loader, switch interval 20 ms", lambda: Tweaked(jpeg(), switch=0.02), None),
+        ("jpeg nvjpeg loader, GPU thread 4 batches ahead", lambda: Tweaked(jpeg(), ahead=4), None),
         (f"synthetic + nvJPEG decode in a thread, {rate:.0f} batches/s", lambda: DecodeThread(syn, jpeg_cache, bs, rate),
          None),
         (f"synthetic + nvJPEG decode in another process, {rate:.0f} batches/s",
