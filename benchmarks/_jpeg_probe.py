@@ -80,8 +80,11 @@ class Tweaked:
     """A loader run with the GIL switch interval at `switch` seconds and/or its GPU thread `ahead`
     batches ahead; both restored on close."""
 
-    def __init__(self, loader, switch: float | None = None, ahead: int | None = None) -> None:
+    def __init__(self, loader, switch: float | None = None, ahead: int | None = None,
+                 priority: int | None = None) -> None:
         self.loader, self.old = loader, sys.getswitchinterval()
+        if priority is not None:        # the GPU thread's decode stream (torch: lower is higher priority)
+            loader.backend._stream = torch.cuda.Stream(loader.device, priority=priority)
         if switch is not None:
             sys.setswitchinterval(switch)
         if ahead is not None:
@@ -112,6 +115,9 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("jpeg nvjpeg loader, switch interval 1 ms", lambda: Tweaked(jpeg(), switch=0.001), None),
         ("jpeg nvjpeg loader, switch interval 20 ms", lambda: Tweaked(jpeg(), switch=0.02), None),
         ("jpeg nvjpeg loader, GPU thread 4 batches ahead", lambda: Tweaked(jpeg(), ahead=4), None),
+        ("jpeg nvjpeg loader, decode stream high priority", lambda: Tweaked(jpeg(), priority=-1), None),
+        ("jpeg nvjpeg loader, decode stream low priority", lambda: Tweaked(jpeg(), priority=0), None),
+        ("jpeg nvjpeg loader, high priority, 4 ahead", lambda: Tweaked(jpeg(), priority=-1, ahead=4), None),
         (f"synthetic + nvJPEG decode in a thread, {rate:.0f} batches/s", lambda: DecodeThread(syn, jpeg_cache, bs, rate),
          None),
         (f"synthetic + nvJPEG decode in another process, {rate:.0f} batches/s",
