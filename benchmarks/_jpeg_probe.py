@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 
@@ -89,6 +90,20 @@ class Tweaked:
             sys.setswitchinterval(switch)
         if ahead is not None:
             loader.backend.stage_ahead = ahead
+        self.times: dict[str, list[float]] = {}
+        for name in ("_prepare", "_decode", "_augment", "_hold"):   # wall ms per call, printed on close
+            self._time(loader.backend, name)
+
+    def _time(self, obj, name: str) -> None:
+        fn, got = getattr(obj, name), self.times.setdefault(name, [])
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                got.append((time.perf_counter() - t0) * 1e3)
+        setattr(obj, name, timed)
 
     def __iter__(self):
         return iter(self.loader)
@@ -96,6 +111,8 @@ class Tweaked:
     def close(self) -> None:
         sys.setswitchinterval(self.old)
         self.loader.close()
+        print("GPU thread ms per batch (median, p90): " + ", ".join(
+            f"{k} {np.median(v):.2f} {np.percentile(v, 90):.2f}" for k, v in self.times.items() if v), flush=True)
 
 
 def child(jpeg_cache: str, bs: int, rate: float) -> None:
@@ -109,7 +126,7 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
 
     return [
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
-        ("jpeg nvjpeg loader, 8 threads", lambda: jpeg(), None),
+        ("jpeg nvjpeg loader, 8 threads", lambda: Tweaked(jpeg()), None),
         ("jpeg nvjpeg loader, batches discarded (synthetic x)", lambda: jpeg(), lambda b: syn.x),
         ("jpeg nvjpeg loader, 2 threads", lambda: jpeg(threads=2), None),
         ("jpeg nvjpeg loader, switch interval 1 ms", lambda: Tweaked(jpeg(), switch=0.001), None),
