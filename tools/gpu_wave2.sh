@@ -56,6 +56,13 @@ stage_dask() {      # needs dask + distributed: carry .whl (see the device READM
         2>&1 | grep -v "Warning\|warn(" | tail -15
     cp benchmarks/results/dask-build-* "$RES"/ 2>/dev/null
 }
+stage_s3() {        # needs s3fs + moto: carry .s3whl (pip download s3fs "moto[server]", trimmed: see README)
+    $PY -m pip install -q --no-index --no-deps --target /tmp/s3site .s3whl/*.whl || return 1
+    export PYTHONPATH="$PYTHONPATH:/tmp/s3site"
+    timeout ${S3_TIMEOUT:-400} $PY benchmarks/s3_loader.py --per-class ${S3_PER_CLASS:-500} --size 224 \
+        --seconds ${S3_SECONDS:-5} 2>&1 | grep -v "Warning\|warn(" | tail -14
+    cp benchmarks/results/s3-loader-* "$RES"/ 2>/dev/null
+}
 stage_decode() {    # decode-only img/s of the JPEG backends on the zoo's JPEG cache (stage zoo with --jpeg-backends made it)
     timeout ${DECODE_TIMEOUT:-200} $PY benchmarks/decode.py --src /tmp/zoo/src --jpeg /tmp/zoo/jpeg256 \
         --backends ${DECODE_BACKENDS:-nvjpeg} --seconds 5 --out "$RES" 2>&1 | grep -v "Warning\|warn(" | tail -15
