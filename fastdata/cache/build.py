@@ -24,6 +24,7 @@ from .._util import human_bytes, parse_size, usable_cpus, write_json_atomic
 from ..errors import BuildError, FastdataError
 from .codecs import ENCODINGS, RESIZE_MODES, CodecConfig
 from .executors import shard_map
+from .jobs import build_shard
 from .format import MANIFEST, SHARD_FORMATS, Manifest, load_manifest
 from .journal import (BuildLock, Journal, clean_strays, fingerprint, inputs_digest, journal_from_manifest,
                       load_journal)
@@ -54,6 +55,7 @@ class BuildConfig:
     executor: str = "local"        # local (process pool) | dask (LocalCluster) | dask://HOST:PORT (executors.py)
     storage_options: dict | None = None   # s3:// SRC/DEST: s3fs options (never recorded unredacted)
     allow_empty_classes: bool = False   # keep class folders without images as labels (ImageFolder allow_empty)
+    decoder: str = "cpu"           # cpu (PIL, in the executor's workers) | nvjpeg (GPU, this process: gpu_build.py)
 
     def validate(self) -> None:
         checks = [
@@ -67,6 +69,11 @@ class BuildConfig:
             (self.executor == "local" or self.executor == "dask" or self.executor.startswith("dask://"),
              f"--executor {self.executor!r}: give local, dask, or dask://HOST:PORT"),
             (self.part is None or 0 <= self.part[0] < self.part[1], f"--part {self.part}: give i/n with 0 <= i < n"),
+            (self.decoder in ("cpu", "nvjpeg"), f"--decoder {self.decoder!r}: choose cpu or nvjpeg"),
+            (self.decoder == "cpu" or self.encode != "bytes", "--decoder nvjpeg decodes images: it does not apply "
+             "to --encode bytes, which stores the files as they are"),
+            (self.decoder == "cpu" or self.executor == "local", "--decoder nvjpeg runs on this machine's GPU: "
+             "leave --executor out"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -84,6 +91,8 @@ class BuildConfig:
             d.pop(k)
         if not d["allow_empty_classes"]:   # absent when off: fingerprints of earlier caches stay valid
             d.pop("allow_empty_classes")
+        if d["decoder"] == "cpu":          # likewise; nvjpeg's pixels differ, so its caches say so
+            d.pop("decoder")
         d["shard_size"] = parse_size(self.shard_size)
         d["part"] = list(self.part) if self.part else None
         return d
@@ -136,7 +145,12 @@ def _run(cfg: BuildConfig, dest: Path, items: tuple[Item, ...], journal: Journal
     done_before = len(items) - sum(len(t[1]) for t in tasks)
     sizes = {t[0]: len(t[1]) for t in tasks}
     written, finished = 0, done_before
-    with shard_map(cfg.executor, workers, counter) as run, tqdm(
+    executor, fn = cfg.executor, build_shard
+    if cfg.decoder == "nvjpeg":          # one GPU in this process decodes; its threads read and encode
+        from .gpu_build import build_shard_gpu
+
+        workers, fn = 0, build_shard_gpu
+    with shard_map(executor, workers, counter, fn) as run, tqdm(
             total=len(items), initial=done_before, unit="img", disable=not cfg.progress,
             desc=f"build {dest.name}", dynamic_ncols=True, smoothing=0.05) as bar:
         for index, info, quarantined, error in run(tasks):
@@ -203,6 +217,10 @@ def _check_finished(cfg, done: Manifest, dest: Path, items, fp: str):
 def build_cache(cfg: BuildConfig) -> BuildResult:
     """Build (or resume, or confirm, or repair) the cache described by cfg."""
     cfg.validate()
+    if cfg.decoder == "nvjpeg":          # before DEST is made
+        from .gpu_build import check_gpu_decoder
+
+        check_gpu_decoder()
     source = discover(cfg.src, images_only=cfg.encode != "bytes", exclude=() if is_url(cfg.dest) else (cfg.dest,),
                       allow_empty_classes=cfg.allow_empty_classes, storage_options=cfg.storage_options)
     items = partition(source.items, cfg.part)   # (a bad SRC creates no DEST)

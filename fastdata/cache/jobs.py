@@ -92,18 +92,27 @@ def build_shard(task) -> tuple[int, object, list[dict], str | None]:
             from ..stores.s3 import storage_error
 
             return index, None, [], str(storage_error(e, item.path, "reading an input"))
-        if isinstance(res, str):
-            if on_error == "raise":
-                return index, None, [], (f"{item.path}: {res}; fix or remove the file, or rerun with --on-error "
-                                         f"quarantine (finished shards are kept and the rerun resumes)")
-            quarantined.append({"path": item.key, "reason": res})
-        else:
-            writer.add(res[0], item.label, res[1], res[2], item.key)
+        error = take(writer, quarantined, item, res, on_error)
+        if error:
+            return index, None, [], error
         if _progress is not None and (n % 8 == 0 or n == len(items)):
             with _progress.get_lock():
                 _progress.value += n - reported
             reported = n
     return _finish(index, writer, quarantined, dest, dest_url, options)
+
+
+def take(writer, quarantined: list, item, res, on_error: str) -> str | None:
+    """One input's result into the shard, or onto the quarantine list; under on_error=raise a bad
+    input is the build's error message instead (the GPU decoder's jobs share this)."""
+    if isinstance(res, str):
+        if on_error == "raise":
+            return (f"{item.path}: {res}; fix or remove the file, or rerun with --on-error quarantine "
+                    f"(finished shards are kept and the rerun resumes)")
+        quarantined.append({"path": item.key, "reason": res})
+    else:
+        writer.add(res[0], item.label, res[1], res[2], item.key)
+    return None
 
 
 def _finish(index, writer, quarantined, dest, dest_url, options):

@@ -13,30 +13,40 @@ import numpy as np
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 
 
+def jpeg_frame(encoded) -> tuple[int, int, int, int, int] | None:
+    """(height, width, components, bits per sample, EXIF orientation) of a JPEG's frame as stored
+    (before orientation), from its headers; None when the bytes are not a JPEG with a frame header."""
+    b = memoryview(encoded).cast("B")
+    i, n, orientation = 2, len(b), 1
+    if not (n > 3 and b[0] == 0xFF and b[1] == 0xD8):
+        return None
+    while i + 9 < n:
+        if b[i] != 0xFF:
+            i += 1
+        elif b[i + 1] in _SOF:
+            return (b[i + 5] << 8) | b[i + 6], (b[i + 7] << 8) | b[i + 8], b[i + 9], b[i + 4], orientation
+        elif b[i + 1] == 0xFF or b[i + 1] == 0x01 or 0xD0 <= b[i + 1] <= 0xD8:
+            i += 1 if b[i + 1] == 0xFF else 2      # fill byte, or a marker without a length
+        else:
+            length = (b[i + 2] << 8) | b[i + 3]
+            if b[i + 1] == 0xE1 and orientation == 1:
+                orientation = _exif_orientation(b[i + 4:i + 2 + length])
+            i += 2 + length
+    return None
+
+
 def image_size(encoded) -> tuple[int, int]:
     """(height, width) as decoded, from a JPEG's headers without decoding: the frame size, turned by a
     quarter when the EXIF orientation says so (DALI's decoders apply it); other formats through PIL's
     header read; (1, 1) for bytes neither can read (the decoder then names the sample)."""
-    b = memoryview(encoded).cast("B")
-    i, n, turned = 2, len(b), False
-    if n > 3 and b[0] == 0xFF and b[1] == 0xD8:
-        while i + 8 < n:
-            if b[i] != 0xFF:
-                i += 1
-            elif b[i + 1] in _SOF:
-                h, w = (b[i + 5] << 8) | b[i + 6], (b[i + 7] << 8) | b[i + 8]
-                return (w, h) if turned else (h, w)
-            elif b[i + 1] == 0xFF or b[i + 1] == 0x01 or 0xD0 <= b[i + 1] <= 0xD8:
-                i += 1 if b[i + 1] == 0xFF else 2      # fill byte, or a marker without a length
-            else:
-                length = (b[i + 2] << 8) | b[i + 3]
-                if b[i + 1] == 0xE1:
-                    turned = turned or _exif_orientation(b[i + 4:i + 2 + length]) in (5, 6, 7, 8)
-                i += 2 + length
+    frame = jpeg_frame(encoded)
+    if frame is not None:
+        h, w, _, _, orientation = frame
+        return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
     try:
         from PIL import Image
 
-        img = Image.open(io.BytesIO(b.tobytes()))       # reads the header only
+        img = Image.open(io.BytesIO(memoryview(encoded).cast("B").tobytes()))       # reads the header only
         w, h = img.size
         return (w, h) if img.getexif().get(0x0112, 1) in (5, 6, 7, 8) else (h, w)
     except Exception:  # noqa: BLE001 - undecodable: DALI fails on it and undecodable() names it

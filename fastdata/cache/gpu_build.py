@@ -1,0 +1,187 @@
+"""Build decoding on the GPU (``build-cache --decoder nvjpeg``): a shard's JPEGs are decoded by nvJPEG
+in batches, turned by their EXIF orientation, cropped and resized on the GPU; every other input
+(PNG, CMYK or 12-bit JPEG, a batch nvJPEG refuses) goes through the CPU codec, which also quarantines.
+
+Why: on the H200 machine's 16 vCPUs a PIL build of 500x375 JPEGs ran at 3.7k img/s, 0.53x of 16 x
+the single-process rate (benchmarks/results/build-H200-2026-12-04.md): the vCPUs are hyperthreads
+and full-size decoding dominates. The GPU's JPEG engines decode ~25k small images a second
+(decode.py), so the build becomes bound by reading files and writing shards.
+
+The pixels are not the CPU codec's: nvJPEG's IDCT and chroma upsampling differ from libjpeg's, the
+CPU codec decodes at a reduced DCT scale where it can (codecs.py draft), and a crop box is rounded
+to whole pixels here. benchmarks/build.py reports the difference; tests/gpu bound it.
+"""
+from __future__ import annotations
+
+import io
+import math
+import os
+import warnings
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import BuildError
+from ..read.header import jpeg_frame
+from . import jobs
+from .codecs import CodecConfig, _target, process_bytes
+from .format import shard_name
+from .writers import WRITERS
+
+BATCH = 128             # images per nvJPEG call
+READ_THREADS = 16       # file reads (and JPEG encodes for --encode jpeg) of a batch, in parallel
+
+# EXIF orientation -> the transform PIL's exif_transpose applies, on a (C, H, W) tensor
+_ORIENT = {
+    2: lambda x: x.flip(2),                                  # FLIP_LEFT_RIGHT
+    3: lambda x: x.flip(1).flip(2),                          # ROTATE_180
+    4: lambda x: x.flip(1),                                  # FLIP_TOP_BOTTOM
+    5: lambda x: x.transpose(1, 2),                          # TRANSPOSE
+    6: lambda x: torch.rot90(x, -1, (1, 2)),                 # ROTATE_270 (a quarter clockwise)
+    7: lambda x: x.transpose(1, 2).flip(1).flip(2),          # TRANSVERSE
+    8: lambda x: torch.rot90(x, 1, (1, 2)),                  # ROTATE_90 (a quarter anticlockwise)
+}
+
+
+def check_gpu_decoder(device: str = "cuda") -> None:
+    """A one-line BuildError where --decoder nvjpeg cannot run."""
+    if not torch.cuda.is_available():
+        raise BuildError("--decoder nvjpeg needs a CUDA GPU; leave it out to decode with PIL on the CPU")
+    try:
+        import torchvision.io  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - missing, or a build that does not match this torch
+        raise BuildError(f"--decoder nvjpeg needs torchvision with CUDA ({e}); pip install torchvision "
+                         f"matching torch {torch.__version__}, or leave --decoder out") from None
+
+
+def nvjpeg_decode(datas: list[bytes], device: str = "cuda") -> list[torch.Tensor]:
+    """JPEG bytes -> (3, H, W) uint8 tensors on the GPU, as stored (no EXIF orientation)."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    with warnings.catch_warnings():      # torch warns that bytes are read-only; nvJPEG only reads them
+        warnings.simplefilter("ignore", UserWarning)
+        encoded = [torch.frombuffer(d, dtype=torch.uint8) for d in datas]
+    return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
+
+
+def gpu_decodable(data: bytes) -> int | None:
+    """The EXIF orientation of a JPEG nvJPEG decodes as PIL would (8-bit, grey or 3 components), else None."""
+    frame = jpeg_frame(data)
+    if frame is None:
+        return None
+    _, _, components, bits, orientation = frame
+    return orientation if bits == 8 and components in (1, 3) and 1 <= orientation <= 8 else None
+
+
+def resize_like_codec(x: torch.Tensor, orientation: int, codec: CodecConfig) -> torch.Tensor:
+    """(3, H, W) uint8 as decoded -> (h, w, 3) uint8 upright, cropped and resized as codecs.decode does
+    (the box rounded to whole pixels; antialiased bilinear, as PIL's BILINEAR when shrinking)."""
+    if orientation in _ORIENT:
+        x = _ORIENT[orientation](x)
+    h, w = x.shape[1], x.shape[2]
+    (ow, oh), (left, top, right, bottom) = _target(w, h, codec)
+    l, t = int(round(left)), int(round(top))
+    x = x[:, t:t + max(1, int(round(bottom - top))), l:l + max(1, int(round(right - left)))]
+    if (x.shape[1], x.shape[2]) != (oh, ow):
+        x = torch.nn.functional.interpolate(x[None].float(), size=(oh, ow), mode="bilinear", antialias=True,
+                                            align_corners=False)[0].round_().clamp_(0, 255).to(torch.uint8)
+    return x.permute(1, 2, 0)
+
+
+def _payloads(images: list[torch.Tensor], codec: CodecConfig, pool) -> list[tuple[bytes, tuple, int]]:
+    """GPU images -> (payload, shape, crc32) each, with one copy to the host for the batch."""
+    flat = torch.cat([im.reshape(-1) for im in images]).cpu().numpy()
+    ends = np.cumsum([im.numel() for im in images])
+    arrays = [flat[e - im.numel():e].reshape(im.shape) for im, e in zip(images, ends)]
+
+    def one(a: np.ndarray):
+        if codec.encode == "jpeg":
+            from PIL import Image
+
+            buf = io.BytesIO()
+            Image.fromarray(a).save(buf, format="JPEG", quality=codec.quality)
+            payload = buf.getvalue()
+        else:
+            payload = a.tobytes()
+        return payload, a.shape, zlib.crc32(payload)
+    return list(pool.map(one, arrays))
+
+
+def _decode_split(datas: list, decode) -> list:
+    """decode() over the batch; where nvJPEG refuses it (one bad file fails the whole call), over each
+    half in turn, down to single images: None for each image it refuses."""
+    try:
+        return list(decode(datas))
+    except RuntimeError:
+        if len(datas) == 1:
+            return [None]
+        mid = len(datas) // 2
+        return _decode_split(datas[:mid], decode) + _decode_split(datas[mid:], decode)
+
+
+def decode_batch(datas: list, codec: CodecConfig, pool, decode=nvjpeg_decode) -> list:
+    """Inputs (bytes, or a reason they could not be read) -> (payload, shape, crc32) or a reason each.
+    What nvJPEG cannot or will not decode goes through the CPU codec, which decodes or names it."""
+    out: list = [d if isinstance(d, str) else None for d in datas]
+    gpu = [(i, o) for i, d in enumerate(datas) if not isinstance(d, str)
+           for o in [gpu_decodable(d)] if o is not None]
+    if gpu:
+        decoded = _decode_split([datas[i] for i, _ in gpu], decode)
+        done = [(i, resize_like_codec(x, o, codec)) for x, (i, o) in zip(decoded, gpu) if x is not None]
+        if done:
+            for (i, _), res in zip(done, _payloads([im for _, im in done], codec, pool)):
+                out[i] = res
+    rest = [i for i, r in enumerate(out) if r is None]
+    for i, res in zip(rest, pool.map(lambda i: process_bytes(bytes(datas[i]), codec), rest)):
+        out[i] = res
+    return out
+
+
+def _read(item, options: dict | None):
+    """An input's bytes, or the reason it is quarantined (codecs.process_file's messages)."""
+    if item.problem:
+        return item.problem
+    if item.path.startswith("s3://"):
+        from ..stores.s3 import filesystem, strip
+
+        try:
+            return filesystem(options).cat_file(strip(item.path))
+        except FileNotFoundError:
+            return "object not found (deleted since the listing?)"
+    try:
+        with open(item.path, "rb") as f:
+            return f.read() if item.span is None else os.pread(f.fileno(), item.span[1], item.span[0])
+    except OSError as e:
+        if os.path.islink(item.path) and not os.path.exists(item.path):
+            return f"dangling symlink: its target {os.readlink(item.path)} does not exist"
+        return f"cannot read: {e.strerror or e}"
+
+
+def build_shard_gpu(task, decode=None) -> tuple[int, object, list[dict], str | None]:
+    """jobs.build_shard with the decoding on the GPU: same task, same result, same quarantine rules.
+    decode: batch decoder (default nvjpeg_decode, looked up per call)."""
+    decode = decode or nvjpeg_decode
+    index, items, codec, fmt, dest, on_error, *store = task
+    dest_url, options = store[0] if store else (None, None)
+    writer = WRITERS[fmt](Path(dest) / shard_name(index, fmt))
+    quarantined: list[dict] = []
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fastdata-build-read") as pool:
+        for b in range(math.ceil(len(items) / BATCH)):
+            chunk = items[b * BATCH:(b + 1) * BATCH]
+            try:
+                datas = list(pool.map(lambda it: _read(it, options), chunk))
+            except Exception as e:  # noqa: BLE001 - storage trouble stops the build with a clear message
+                from ..stores.s3 import storage_error
+
+                return index, None, [], str(storage_error(e, chunk[0].path, "reading an input"))
+            for item, res in zip(chunk, decode_batch(datas, codec, pool, decode)):
+                error = jobs.take(writer, quarantined, item, res, on_error)
+                if error:
+                    return index, None, [], error
+            if jobs._progress is not None:
+                with jobs._progress.get_lock():
+                    jobs._progress.value += len(chunk)
+    return jobs._finish(index, writer, quarantined, dest, dest_url, options)

@@ -1,0 +1,146 @@
+"""build-cache --decoder nvjpeg (cache/gpu_build.py) on the CPU: nvJPEG is stood in for by PIL decoding
+the stored pixels without turning them (as nvJPEG returns them), so everything around the decoder
+runs as on a GPU: EXIF orientation, crop and resize, routing of what nvJPEG cannot decode to the CPU
+codec, quarantine, fallback, the manifest. tests/gpu runs the real decoder."""
+from __future__ import annotations
+
+import io
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+
+from fastdata.cache import gpu_build
+from fastdata.cache.codecs import CodecConfig
+from fastdata.cache.verify import verify_cache
+from fastdata.errors import BuildError
+from fastdata.read.reader import open_cache
+
+from helpers import build
+
+
+def pil_as_nvjpeg(datas):
+    """(3, H, W) uint8 of each JPEG as stored: full decode, no EXIF turn (what nvJPEG returns)."""
+    out = []
+    for d in datas:
+        try:
+            img = Image.open(io.BytesIO(bytes(d))).convert("RGB")
+        except OSError as e:            # torchvision raises RuntimeError for the whole batch
+            raise RuntimeError(f"nvjpeg stand-in: {e}") from None
+        out.append(torch.from_numpy(np.array(img)).permute(2, 0, 1).contiguous())
+    return out
+
+
+def _jpeg(arr: np.ndarray, orientation: int = 1, mode: str = "RGB") -> bytes:
+    img = Image.fromarray(arr).convert(mode)
+    buf = io.BytesIO()
+    exif = Image.Exif()
+    if orientation != 1:
+        exif[0x0112] = orientation
+    img.save(buf, "JPEG", quality=95, exif=exif.tobytes())
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_orientation_turns_as_pil_exif_transpose(orientation):
+    arr = np.random.default_rng(orientation).integers(0, 255, (40, 64, 3), dtype=np.uint8)
+    data = _jpeg(arr, orientation)
+    assert gpu_build.gpu_decodable(data) == orientation
+    want = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+    got = gpu_build.resize_like_codec(pil_as_nvjpeg([data])[0], orientation, CodecConfig(resize="none"))
+    assert np.array_equal(got.numpy(), want)
+
+
+def test_only_8bit_grey_or_colour_jpegs_go_to_the_gpu(photos):
+    arr = next(iter(photos.values()))[:64, :64]
+    png = io.BytesIO()
+    Image.fromarray(arr).save(png, "PNG")
+    assert gpu_build.gpu_decodable(_jpeg(arr, mode="L")) == 1
+    assert gpu_build.gpu_decodable(_jpeg(arr, mode="CMYK")) is None
+    assert gpu_build.gpu_decodable(png.getvalue()) is None
+    assert gpu_build.gpu_decodable(b"\xff\xd8 not really") is None
+
+
+@pytest.fixture(scope="module")
+def messy_folder(image_folder, tmp_path_factory, photos):
+    """The photo folder plus what a GPU decoder must hand to the CPU codec or quarantine."""
+    src = tmp_path_factory.mktemp("gpu-src") / "images"
+    shutil.copytree(image_folder, src)
+    arr = next(iter(photos.values()))[:200, :300]
+    cls = sorted(p for p in src.iterdir() if p.is_dir())[0]
+    (cls / "zz_turned.jpg").write_bytes(_jpeg(arr, 6))
+    (cls / "zz_grey.jpg").write_bytes(_jpeg(arr, mode="L"))
+    (cls / "zz_cmyk.jpg").write_bytes(_jpeg(arr, mode="CMYK"))
+    Image.fromarray(arr).save(cls / "zz_png.png")
+    (cls / "zz_broken.jpg").write_bytes(_jpeg(arr)[:300])
+    return src
+
+
+def _pixels(path) -> tuple[list[str], np.ndarray]:
+    cache = open_cache(path)
+    keys = [k for s in range(len(cache.manifest.shards)) for k in cache.shard(s).keys]
+    return keys, np.stack([cache.raw(i)[0].numpy() for i in range(len(cache))]).astype(np.int16)
+
+
+def _gpu_build(monkeypatch, src, dest, decode=pil_as_nvjpeg, **kw):
+    monkeypatch.setattr(gpu_build, "check_gpu_decoder", lambda device="cuda": None)
+    monkeypatch.setattr(gpu_build, "nvjpeg_decode", decode)
+    monkeypatch.setattr(gpu_build, "BATCH", 16)          # several batches per shard
+    return build(src, dest, decoder="nvjpeg", workers=2, **kw)
+
+
+def test_gpu_build_matches_the_cpu_build(messy_folder, tmp_path, monkeypatch):
+    cpu = build(messy_folder, tmp_path / "cpu", workers=2)
+    gpu = _gpu_build(monkeypatch, messy_folder, tmp_path / "gpu")
+    assert verify_cache(tmp_path / "gpu").ok
+    assert [q["path"] for q in gpu.manifest.quarantined] == [q["path"] for q in cpu.manifest.quarantined]
+    assert [q["path"].rsplit("/", 1)[-1] for q in gpu.manifest.quarantined] == ["zz_broken.jpg"]
+    assert gpu.manifest.label_map == cpu.manifest.label_map
+    assert gpu.manifest.build["decoder"] == "nvjpeg" and "decoder" not in cpu.manifest.build
+    (ck, cp), (gk, gp) = _pixels(tmp_path / "cpu"), _pixels(tmp_path / "gpu")
+    assert ck == gk
+    diff = np.abs(cp - gp).reshape(len(ck), -1).mean(axis=1)
+    # full decode + antialiased resize against libjpeg's reduced-scale decode + PIL's box resize
+    print(f"mean abs difference per image: max {diff.max():.2f}, mean {diff.mean():.2f} (of 255)")
+    assert diff.max() < 6.0 and diff.mean() < 3.0, (diff.max(), diff.mean())
+    png = ck.index(next(k for k in ck if k.endswith("zz_png.png")))
+    assert diff[png] == 0, "a PNG goes through the CPU codec: the same bytes as the CPU build"
+
+
+def test_a_batch_the_decoder_refuses_goes_through_the_cpu_codec(messy_folder, tmp_path, monkeypatch):
+    def refuse(datas):
+        raise RuntimeError("nvjpeg: unsupported")
+
+    cpu = build(messy_folder, tmp_path / "cpu", workers=2)
+    _gpu_build(monkeypatch, messy_folder, tmp_path / "gpu", decode=refuse)
+    (ck, cp), (gk, gp) = _pixels(tmp_path / "cpu"), _pixels(tmp_path / "gpu")
+    assert ck == gk and np.array_equal(cp, gp)
+    assert len(cpu.manifest.quarantined) == 1
+
+
+def test_on_error_raise_names_the_file(messy_folder, tmp_path, monkeypatch):
+    with pytest.raises(BuildError, match="zz_broken.jpg"):
+        _gpu_build(monkeypatch, messy_folder, tmp_path / "gpu", on_error="raise")
+
+
+def test_one_bad_file_costs_its_batch_nothing(monkeypatch):
+    """A file nvJPEG refuses fails its whole batch call; the batch is split until that file alone goes
+    to the CPU codec (which quarantines it) and the rest are still decoded by the GPU decoder."""
+    calls = []
+
+    def counting(datas):
+        calls.append(len(datas))
+        return pil_as_nvjpeg(datas)
+
+    arr = np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8)
+    datas = [_jpeg(arr) for _ in range(8)]
+    datas[5] = datas[5][:300]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        out = gpu_build.decode_batch(datas, CodecConfig(size=32), pool, counting)
+    assert isinstance(out[5], str) and "cannot decode" in out[5]
+    assert all(isinstance(o, tuple) and o[1] == (32, 32, 3) for k, o in enumerate(out) if k != 5)
+    assert sum(n for n in calls if n == 1) <= 2 and max(calls) == 8
