@@ -40,6 +40,44 @@ def codec_rate(files: list[Path], size: int, encode: str) -> float:
     return len(files) / (time.perf_counter() - t0)
 
 
+def gpu_decoder_ok() -> bool:
+    try:
+        from fastdata.cache.gpu_build import check_gpu_decoder
+
+        check_gpu_decoder()
+        return True
+    except Exception:  # noqa: BLE001 - no GPU or no torchvision: the row is left out
+        return False
+
+
+def pixel_difference(a: Path, b: Path) -> tuple[float, float]:
+    """(mean, worst image's mean) absolute difference in 0..255 levels between two raw caches of the same inputs."""
+    import numpy as np
+
+    from fastdata.read.reader import open_cache
+
+    ca, cb = open_cache(a), open_cache(b)
+    per = [float(np.abs(ca.raw(i)[0].numpy().astype(np.int16) - cb.raw(i)[0].numpy().astype(np.int16)).mean())
+           for i in range(len(ca))]
+    return float(np.mean(per)), float(np.max(per))
+
+
+def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int) -> tuple[list[dict], str]:
+    """build-cache --decoder nvjpeg (best of two, after a warm-up build) and its pixels against the CPU build."""
+    from fastdata.cache.build import BuildConfig, build_cache
+
+    def one(dest: str, **kw):
+        return build_cache(BuildConfig(src=str(src), dest=str(tmp / dest), size=size, progress=False, **kw))
+
+    one("gpu-warm", decoder="nvjpeg", part=(0, 20))
+    rate = max(r.written / r.seconds for r in (one(f"gpu-{k}", decoder="nvjpeg") for k in range(2)))
+    mean, worst = pixel_difference(tmp / "c-raw-0", tmp / "gpu-0")
+    row = {"what": "build-cache --encode raw --decoder nvjpeg (GPU)", "img/s": rate, "img/s/core": rate / workers,
+           "vs plain x workers": f"{rate / (plain * workers):.0%}"}
+    return [row], (f" --decoder nvjpeg against the CPU build of the same files: mean absolute difference "
+                   f"{mean:.2f} of 255 levels, worst image {worst:.2f}.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--per-class", type=int, default=60)
@@ -72,9 +110,14 @@ def main() -> None:
             rows.append({"what": f"fastdata codec ({encode}), 1 process", "img/s": own, "img/s/core": own})
             rows.append({"what": f"build-cache --encode {encode}, {workers} workers", "img/s": rate,
                          "img/s/core": rate / workers, "vs plain x workers": f"{rate / (plain * workers):.0%}"})
+        gpu_note = ""
+        if gpu_decoder_ok():
+            extra, gpu_note = gpu_rows(src, tmp, a.size, plain, workers)
+            rows += extra
         notes = (f"{len(files)} JPEGs of 500x375 (q90) made from skimage/sklearn photos; size {a.size}, "
                  f"h5 shards, page cache warm, best of two runs per row. Goal: build >= 90% of plain-PIL per-core rate x workers. The codec uses "
-                 f"libjpeg DCT-domain downscaling (PIL draft), which is why it beats plain PIL per core.")
+                 f"libjpeg DCT-domain downscaling (PIL draft), which is why it beats plain PIL per core."
+                 f"{gpu_note} Rerun: `python benchmarks/build.py --per-class {a.per_class} --size {a.size}`.")
         write("build", rows, ["what", "img/s", "img/s/core", "vs plain x workers"], notes,
               Path(a.out) if a.out else None)
     finally:

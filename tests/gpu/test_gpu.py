@@ -233,3 +233,22 @@ def test_nvjpeg_in_place_kernel_equals_packed_path(jpeg_cache):
     for a, b in zip(*outs):
         assert a.shape == b.shape
         assert (a - b).abs().max() < 2e-2
+
+
+def test_nvjpeg_build_matches_the_cpu_build(image_folder, tmp_path):
+    """build-cache --decoder nvjpeg on the real decoder: same samples, labels and order as the CPU build,
+    verify passes, pixels within a few levels (nvJPEG's IDCT, full decode against libjpeg's draft)."""
+    pytest.importorskip("torchvision")
+    from fastdata.cache.verify import verify_cache
+    from fastdata.read.reader import open_cache
+    from helpers import build
+
+    cpu = build(image_folder, tmp_path / "cpu", workers=2)
+    gpu = build(image_folder, tmp_path / "gpu", decoder="nvjpeg")
+    assert verify_cache(tmp_path / "gpu").ok and gpu.manifest.build["decoder"] == "nvjpeg"
+    assert gpu.manifest.label_map == cpu.manifest.label_map and not gpu.manifest.quarantined
+    a, b = open_cache(tmp_path / "cpu"), open_cache(tmp_path / "gpu")
+    assert len(a) == len(b) and [a.raw(i)[1] for i in range(len(a))] == [b.raw(i)[1] for i in range(len(b))]
+    diff = np.array([(a.raw(i)[0].float() - b.raw(i)[0].float()).abs().mean().item() for i in range(len(a))])
+    print(f"nvjpeg build against the CPU build: mean abs difference {diff.mean():.2f}, worst {diff.max():.2f}")
+    assert diff.mean() < 4.0 and diff.max() < 8.0
