@@ -24,7 +24,6 @@ from .._util import human_bytes, parse_size, usable_cpus, write_json_atomic
 from ..errors import BuildError, FastdataError
 from .codecs import ENCODINGS, RESIZE_MODES, CodecConfig
 from .executors import shard_map
-from .jobs import build_shard
 from .format import MANIFEST, SHARD_FORMATS, Manifest, load_manifest
 from .journal import (BuildLock, Journal, clean_strays, fingerprint, inputs_digest, journal_from_manifest,
                       load_journal)
@@ -145,12 +144,13 @@ def _run(cfg: BuildConfig, dest: Path, items: tuple[Item, ...], journal: Journal
     done_before = len(items) - sum(len(t[1]) for t in tasks)
     sizes = {t[0]: len(t[1]) for t in tasks}
     written, finished = 0, done_before
-    executor, fn = cfg.executor, build_shard
-    if cfg.decoder == "nvjpeg":          # one GPU in this process decodes; its threads read and encode
-        from .gpu_build import build_shard_gpu
+    if cfg.decoder == "nvjpeg":          # this machine's GPU decodes; threads read, hash and write
+        from .gpu_build import gpu_shard_map
 
-        workers, fn = 0, build_shard_gpu
-    with shard_map(executor, workers, counter, fn) as run, tqdm(
+        shards = gpu_shard_map(counter)
+    else:
+        shards = shard_map(cfg.executor, workers, counter)
+    with shards as run, tqdm(
             total=len(items), initial=done_before, unit="img", disable=not cfg.progress,
             desc=f"build {dest.name}", dynamic_ncols=True, smoothing=0.05) as bar:
         for index, info, quarantined, error in run(tasks):

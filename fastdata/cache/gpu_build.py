@@ -13,12 +13,12 @@ to whole pixels here. benchmarks/build.py reports the difference; tests/gpu boun
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
-import warnings
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,10 @@ from .format import shard_name
 from .writers import WRITERS
 
 BATCH = 128             # images per nvJPEG call
-READ_THREADS = 16       # file reads (and JPEG encodes for --encode jpeg) of a batch, in parallel
+READ_THREADS = 8        # file reads (and JPEG encodes for --encode jpeg) of a shard's batch, in parallel
+# shards built at once: one shard alone left the GPU and the disk idle in turn (read, decode, copy
+# back, hash, fsync): 1.1k img/s on the H200 against 2.6k for the 16-process CPU build
+SHARD_THREADS = 6
 
 # EXIF orientation -> the transform PIL's exif_transpose applies, on a (C, H, W) tensor
 _ORIENT = {
@@ -61,9 +64,7 @@ def nvjpeg_decode(datas: list[bytes], device: str = "cuda") -> list[torch.Tensor
     """JPEG bytes -> (3, H, W) uint8 tensors on the GPU, as stored (no EXIF orientation)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    with warnings.catch_warnings():      # torch warns that bytes are read-only; nvJPEG only reads them
-        warnings.simplefilter("ignore", UserWarning)
-        encoded = [torch.frombuffer(d, dtype=torch.uint8) for d in datas]
+    encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]   # (bytes are read-only)
     return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
 
 
@@ -185,3 +186,20 @@ def build_shard_gpu(task, decode=None) -> tuple[int, object, list[dict], str | N
                 with jobs._progress.get_lock():
                     jobs._progress.value += len(chunk)
     return jobs._finish(index, writer, quarantined, dest, dest_url, options)
+
+
+@contextlib.contextmanager
+def gpu_shard_map(counter):
+    """executors.shard_map for --decoder nvjpeg: SHARD_THREADS shard jobs at once in this process (one
+    CUDA context; torchvision serialises the decode calls themselves), results in completion order."""
+    jobs._init_worker(counter)
+    pool = ThreadPoolExecutor(SHARD_THREADS, thread_name_prefix="fastdata-build-gpu")
+
+    def run(tasks):
+        futures = [pool.submit(build_shard_gpu, t) for t in tasks]
+        for fut in as_completed(futures):
+            yield fut.result()
+    try:
+        yield run
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)   # a failed build waits only for running shards
