@@ -144,3 +144,16 @@ def test_one_bad_file_costs_its_batch_nothing(monkeypatch):
     assert isinstance(out[5], str) and "cannot decode" in out[5]
     assert all(isinstance(o, tuple) and o[1] == (32, 32, 3) for k, o in enumerate(out) if k != 5)
     assert sum(n for n in calls if n == 1) <= 2 and max(calls) == 8
+
+
+def test_cli_without_a_gpu_is_one_line_and_makes_no_dest(image_folder, tmp_path):
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    dest = tmp_path / "cache"
+    out = subprocess.run([sys.executable, "-m", "fastdata.cli", "build-cache", str(image_folder), str(dest),
+                          "--decoder", "nvjpeg", "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and not dest.exists()
+    assert out.stderr.strip().count("\n") == 0 and "--decoder nvjpeg needs a CUDA GPU" in out.stderr
