@@ -114,18 +114,23 @@ def encode(data: bytes, cfg: CodecConfig) -> tuple[bytes, tuple[int, int, int]]:
     return buf.getvalue(), shape
 
 
-def process_file(path: str, cfg: CodecConfig, span: tuple[int, int] | None = None
-                 ) -> tuple[bytes, tuple[int, int, int], int] | str:
-    """Worker entry: returns (payload, shape, crc32) or a reason string for quarantine.
-    span: (offset, size) of the input inside path (a tar member), read with one pread."""
+def read_file(path: str, span: tuple[int, int] | None = None) -> bytes | str:
+    """An input file's bytes, or the reason it is quarantined. span: (offset, size) of the input
+    inside path (a tar member), read with one pread."""
     try:
         with open(path, "rb") as f:
-            data = f.read() if span is None else os.pread(f.fileno(), span[1], span[0])
-        return process_bytes(data, cfg)
+            return f.read() if span is None else os.pread(f.fileno(), span[1], span[0])
     except OSError as e:
         if os.path.islink(path) and not os.path.exists(path):
             return f"dangling symlink: its target {os.readlink(path)} does not exist"
         return f"cannot read: {e.strerror or e}"
+
+
+def process_file(path: str, cfg: CodecConfig, span: tuple[int, int] | None = None
+                 ) -> tuple[bytes, tuple[int, int, int], int] | str:
+    """Worker entry: returns (payload, shape, crc32) or a reason string for quarantine."""
+    data = read_file(path, span)
+    return data if isinstance(data, str) else process_bytes(data, cfg)
 
 
 def process_bytes(data: bytes, cfg: CodecConfig) -> tuple[bytes, tuple[int, int, int], int] | str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -141,26 +140,6 @@ def decode_batch(datas: list, codec: CodecConfig, pool, decode=nvjpeg_decode) ->
     return out
 
 
-def _read(item, options: dict | None):
-    """An input's bytes, or the reason it is quarantined (codecs.process_file's messages)."""
-    if item.problem:
-        return item.problem
-    if item.path.startswith("s3://"):
-        from ..stores.s3 import filesystem, strip
-
-        try:
-            return filesystem(options).cat_file(strip(item.path))
-        except FileNotFoundError:
-            return "object not found (deleted since the listing?)"
-    try:
-        with open(item.path, "rb") as f:
-            return f.read() if item.span is None else os.pread(f.fileno(), item.span[1], item.span[0])
-    except OSError as e:
-        if os.path.islink(item.path) and not os.path.exists(item.path):
-            return f"dangling symlink: its target {os.readlink(item.path)} does not exist"
-        return f"cannot read: {e.strerror or e}"
-
-
 def build_shard_gpu(task, decode=None) -> tuple[int, object, list[dict], str | None]:
     """jobs.build_shard with the decoding on the GPU: same task, same result, same quarantine rules.
     decode: batch decoder (default nvjpeg_decode, looked up per call)."""
@@ -173,7 +152,7 @@ def build_shard_gpu(task, decode=None) -> tuple[int, object, list[dict], str | N
         for b in range(math.ceil(len(items) / BATCH)):
             chunk = items[b * BATCH:(b + 1) * BATCH]
             try:
-                datas = list(pool.map(lambda it: _read(it, options), chunk))
+                datas = list(pool.map(lambda it: jobs.read_input(it, options), chunk))
             except Exception as e:  # noqa: BLE001 - storage trouble stops the build with a clear message
                 from ..stores.s3 import storage_error
 

@@ -11,7 +11,7 @@ import multiprocessing as mp
 import signal
 from pathlib import Path
 
-from .codecs import process_bytes, process_file
+from .codecs import process_bytes, read_file
 from .format import shard_name
 from .writers import WRITERS
 
@@ -51,19 +51,24 @@ def _tune_malloc() -> None:
         pass
 
 
-def _input(item, codec, options: dict | None):
-    """(payload, shape, crc) or a quarantine reason; storage errors other than a missing object raise."""
+def read_input(item, options: dict | None) -> bytes | str:
+    """An input's bytes, or the reason it is quarantined; storage errors other than a missing object raise."""
     if item.problem:
         return item.problem
     if not item.path.startswith("s3://"):
-        return process_file(item.path, codec, item.span)
+        return read_file(item.path, item.span)
     from ..stores.s3 import filesystem, strip
 
     try:
-        data = filesystem(options).cat_file(strip(item.path))
+        return filesystem(options).cat_file(strip(item.path))
     except FileNotFoundError:
         return "object not found (deleted since the listing?)"
-    return process_bytes(data, codec)
+
+
+def _input(item, codec, options: dict | None):
+    """(payload, shape, crc) or a quarantine reason; storage errors other than a missing object raise."""
+    data = read_input(item, options)
+    return data if isinstance(data, str) else process_bytes(data, codec)
 
 
 def _publish(info, local: Path, dest_url: str | None, options: dict | None):
