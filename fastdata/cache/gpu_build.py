@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from ..errors import BuildError
-from ..read.header import jpeg_frame
 from . import jobs
 from .codecs import CodecConfig, _target, process_bytes
+from .jpeg_header import jpeg_frame
 from .format import shard_name
 from .writers import WRITERS
 

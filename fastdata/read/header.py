@@ -10,29 +10,7 @@ import io
 
 import numpy as np
 
-_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
-
-
-def jpeg_frame(encoded) -> tuple[int, int, int, int, int] | None:
-    """(height, width, components, bits per sample, EXIF orientation) of a JPEG's frame as stored
-    (before orientation), from its headers; None when the bytes are not a JPEG with a frame header."""
-    b = memoryview(encoded).cast("B")
-    i, n, orientation = 2, len(b), 1
-    if not (n > 3 and b[0] == 0xFF and b[1] == 0xD8):
-        return None
-    while i + 9 < n:
-        if b[i] != 0xFF:
-            i += 1
-        elif b[i + 1] in _SOF:
-            return (b[i + 5] << 8) | b[i + 6], (b[i + 7] << 8) | b[i + 8], b[i + 9], b[i + 4], orientation
-        elif b[i + 1] == 0xFF or b[i + 1] == 0x01 or 0xD0 <= b[i + 1] <= 0xD8:
-            i += 1 if b[i + 1] == 0xFF else 2      # fill byte, or a marker without a length
-        else:
-            length = (b[i + 2] << 8) | b[i + 3]
-            if b[i + 1] == 0xE1 and orientation == 1:
-                orientation = _exif_orientation(b[i + 4:i + 2 + length])
-            i += 2 + length
-    return None
+from ..cache.jpeg_header import jpeg_frame
 
 
 def image_size(encoded) -> tuple[int, int]:
@@ -57,21 +35,3 @@ def image_sizes(encoded) -> tuple[np.ndarray, np.ndarray]:
     """(heights, widths) int64 of a batch of encoded images, each by image_size."""
     hw = np.array([image_size(e) for e in encoded], dtype=np.int64).reshape(-1, 2)
     return hw[:, 0], hw[:, 1]
-
-
-def _exif_orientation(seg: memoryview) -> int:
-    """The Orientation tag (0x0112) of an APP1 Exif segment's first IFD; 1 (upright) when absent."""
-    if len(seg) < 14 or bytes(seg[:6]) != b"Exif\0\0":
-        return 1
-    tiff = seg[6:]
-    order = "little" if bytes(tiff[:2]) == b"II" else "big"
-
-    def num(at: int, size: int) -> int:
-        return int.from_bytes(tiff[at:at + size], order) if at + size <= len(tiff) else 0
-
-    ifd = num(4, 4)
-    for k in range(num(ifd, 2)):
-        entry = ifd + 2 + 12 * k
-        if num(entry, 2) == 0x0112:
-            return num(entry + 8, 2)
-    return 1
