@@ -85,7 +85,7 @@ def _pixels(path) -> tuple[list[str], np.ndarray]:
 
 
 def _gpu_build(monkeypatch, src, dest, decode=pil_as_nvjpeg, **kw):
-    monkeypatch.setattr(gpu_build, "check_gpu_decoder", lambda device="cuda": None)
+    monkeypatch.setattr(gpu_build, "check_gpu_decoder", lambda: None)
     monkeypatch.setattr(gpu_build, "nvjpeg_decode", decode)
     monkeypatch.setattr(gpu_build, "BATCH", 16)          # several batches per shard
     return build(src, dest, decoder="nvjpeg", workers=2, **kw)
@@ -157,3 +157,20 @@ def test_cli_without_a_gpu_is_one_line_and_makes_no_dest(image_folder, tmp_path)
                           "--decoder", "nvjpeg", "--no-progress"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and not dest.exists()
     assert out.stderr.strip().count("\n") == 0 and "--decoder nvjpeg needs a CUDA GPU" in out.stderr
+
+
+def test_a_storage_error_names_the_input_it_came_from(messy_folder, tmp_path, monkeypatch):
+    """A read that fails other than with a reason (an object store going away) stops the build and
+    names the input whose read failed, not another one of its batch."""
+    from fastdata.cache import jobs
+
+    real = jobs.read_input
+
+    def flaky(item, options):
+        if item.path.endswith("zz_grey.jpg"):
+            raise ConnectionError("endpoint went away")
+        return real(item, options)
+
+    monkeypatch.setattr(jobs, "read_input", flaky)
+    with pytest.raises(BuildError, match="zz_grey.jpg"):
+        _gpu_build(monkeypatch, messy_folder, tmp_path / "gpu")

@@ -48,7 +48,7 @@ _ORIENT = {
 }
 
 
-def check_gpu_decoder(device: str = "cuda") -> None:
+def check_gpu_decoder() -> None:
     """A one-line BuildError where --decoder nvjpeg cannot run."""
     if not torch.cuda.is_available():
         raise BuildError("--decoder nvjpeg needs a CUDA GPU; leave it out to decode with PIL on the CPU")
@@ -135,9 +135,17 @@ def decode_batch(datas: list, codec: CodecConfig, pool, decode=nvjpeg_decode) ->
             for (i, _), res in zip(done, _payloads([im for _, im in done], codec, pool)):
                 out[i] = res
     rest = [i for i, r in enumerate(out) if r is None]
-    for i, res in zip(rest, pool.map(lambda i: process_bytes(bytes(datas[i]), codec), rest)):
+    for i, res in zip(rest, pool.map(lambda i: process_bytes(datas[i], codec), rest)):
         out[i] = res
     return out
+
+
+def _read(item, options: dict | None):
+    """jobs.read_input, with a storage error returned (for the input it belongs to) instead of raised."""
+    try:
+        return jobs.read_input(item, options)
+    except Exception as e:  # noqa: BLE001 - named by build_shard_gpu with its input
+        return e
 
 
 def build_shard_gpu(task, decode=None) -> tuple[int, object, list[dict], str | None]:
@@ -151,19 +159,17 @@ def build_shard_gpu(task, decode=None) -> tuple[int, object, list[dict], str | N
     with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fastdata-build-read") as pool:
         for b in range(math.ceil(len(items) / BATCH)):
             chunk = items[b * BATCH:(b + 1) * BATCH]
-            try:
-                datas = list(pool.map(lambda it: jobs.read_input(it, options), chunk))
-            except Exception as e:  # noqa: BLE001 - storage trouble stops the build with a clear message
-                from ..stores.s3 import storage_error
+            datas = list(pool.map(lambda it: _read(it, options), chunk))
+            for item, data in zip(chunk, datas):
+                if isinstance(data, Exception):   # storage trouble stops the build, naming the input
+                    from ..stores.s3 import storage_error
 
-                return index, None, [], str(storage_error(e, chunk[0].path, "reading an input"))
+                    return index, None, [], str(storage_error(data, item.path, "reading an input"))
             for item, res in zip(chunk, decode_batch(datas, codec, pool, decode)):
                 error = jobs.take(writer, quarantined, item, res, on_error)
                 if error:
                     return index, None, [], error
-            if jobs._progress is not None:
-                with jobs._progress.get_lock():
-                    jobs._progress.value += len(chunk)
+            jobs.report_progress(len(chunk))
     return jobs._finish(index, writer, quarantined, dest, dest_url, options)
 
 

@@ -30,6 +30,13 @@ def _init_worker(counter) -> None:
 _malloc_tuned = False
 
 
+def report_progress(n: int) -> None:
+    """n more inputs done, on the build's shared counter (the progress bar), where there is one."""
+    if _progress is not None:
+        with _progress.get_lock():
+            _progress.value += n
+
+
 def _tune_malloc() -> None:
     """Keep decoded images' buffers (~200 KB each) in the heap instead of a fresh mmap per image.
 
@@ -100,9 +107,8 @@ def build_shard(task) -> tuple[int, object, list[dict], str | None]:
         error = take(writer, quarantined, item, res, on_error)
         if error:
             return index, None, [], error
-        if _progress is not None and (n % 8 == 0 or n == len(items)):
-            with _progress.get_lock():
-                _progress.value += n - reported
+        if n % 8 == 0 or n == len(items):
+            report_progress(n - reported)
             reported = n
     return _finish(index, writer, quarantined, dest, dest_url, options)
 
