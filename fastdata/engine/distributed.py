@@ -1,6 +1,7 @@
 """DDP / ZeRO set-up from torchrun's environment; gloo on CPU, NCCL on GPU."""
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -18,7 +19,16 @@ def init_from_env(device_type: str) -> bool:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    atexit.register(_leave)
     return True
+
+
+def _leave() -> None:
+    """Tear down the process group we joined before the interpreter exits. Left to static destruction,
+    gloo's threads aborted a rank that finished first ("terminate called without an active exception",
+    SIGABRT; the torchrun test in CI on 2026-12-04); torch asks for destroy_process_group at the end."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def local_device() -> torch.device:
