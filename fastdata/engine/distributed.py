@@ -24,9 +24,8 @@ def init_from_env(device_type: str) -> bool:
 
 
 def _leave() -> None:
-    """Tear down the process group we joined before the interpreter exits. Left to static destruction,
-    gloo's threads aborted a rank that finished first ("terminate called without an active exception",
-    SIGABRT; the torchrun test in CI on 2026-12-04); torch asks for destroy_process_group at the end."""
+    """Tear down the process group we joined before the interpreter exits, as torch asks
+    (destroy_process_group at the end of a run) instead of leaving it to static destruction."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
