@@ -1,5 +1,10 @@
 """host_probe.py's JPEG-cache variants: where resnet18 fed by nvJPEG loses a third of its speed.
 
+Stop 30 found the cause (torchvision's decode_jpeg, 15-17 ms of the GPU thread's 18 ms a batch, all
+calls behind one mutex and a stream sync); the rows now set the NVJPG engines (hw_decode.py) against
+it. Earlier rows (2 threads, switch interval, stream priority, a decode process) are in the results
+of 2026-12-04.
+
 Decoding alone outruns the model 1.6x and keeps the SMs 2% busy (decode.py), so the loss is
 contention. The variants say which kind, each against the same compiled loop on a synthetic batch:
 
@@ -111,8 +116,10 @@ class Tweaked:
     def close(self) -> None:
         sys.setswitchinterval(self.old)
         self.loader.close()
-        print("GPU thread ms per batch (median, p90): " + ", ".join(
-            f"{k} {np.median(v):.2f} {np.percentile(v, 90):.2f}" for k, v in self.times.items() if v), flush=True)
+        backend = self.loader.backend
+        print(f"decoder: {backend.hardware}; images decoded {backend.decoded}. GPU thread ms per batch (median, "
+              "p90): " + ", ".join(f"{k} {np.median(v):.2f} {np.percentile(v, 90):.2f}"
+                                   for k, v in self.times.items() if v), flush=True)
 
 
 def child(jpeg_cache: str, bs: int, rate: float) -> None:
@@ -126,17 +133,13 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
 
     return [
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
-        ("jpeg nvjpeg loader, 8 threads", lambda: Tweaked(jpeg()), None),
-        ("jpeg nvjpeg loader, batches discarded (synthetic x)", lambda: jpeg(), lambda b: syn.x),
-        ("jpeg nvjpeg loader, 2 threads", lambda: jpeg(threads=2), None),
-        ("jpeg nvjpeg loader, switch interval 1 ms", lambda: Tweaked(jpeg(), switch=0.001), None),
-        ("jpeg nvjpeg loader, switch interval 20 ms", lambda: Tweaked(jpeg(), switch=0.02), None),
-        ("jpeg nvjpeg loader, GPU thread 4 batches ahead", lambda: Tweaked(jpeg(), ahead=4), None),
-        ("jpeg nvjpeg loader, decode stream high priority", lambda: Tweaked(jpeg(), priority=-1), None),
-        ("jpeg nvjpeg loader, decode stream low priority", lambda: Tweaked(jpeg(), priority=0), None),
-        ("jpeg nvjpeg loader, high priority, 4 ahead", lambda: Tweaked(jpeg(), priority=-1, ahead=4), None),
+        ("jpeg nvjpeg loader, NVJPG engines (hardware=True)", lambda: Tweaked(jpeg()), None),
+        ("jpeg nvjpeg loader, torchvision decode_jpeg (hardware=False)", lambda: Tweaked(jpeg(hardware=False)), None),
+        ("jpeg nvjpeg loader, engines, batches discarded (synthetic x)", lambda: jpeg(), lambda b: syn.x),
+        ("jpeg nvjpeg loader, torchvision, batches discarded (synthetic x)", lambda: jpeg(hardware=False),
+         lambda b: syn.x),
+        ("jpeg nvjpeg loader, engines, 4 threads", lambda: Tweaked(jpeg(threads=4)), None),
+        ("jpeg nvjpeg loader, engines, GPU thread 4 batches ahead", lambda: Tweaked(jpeg(), ahead=4), None),
         (f"synthetic + nvJPEG decode in a thread, {rate:.0f} batches/s", lambda: DecodeThread(syn, jpeg_cache, bs, rate),
          None),
-        (f"synthetic + nvJPEG decode in another process, {rate:.0f} batches/s",
-         lambda: DecodeProcess(syn, jpeg_cache, bs, rate), None),
     ]

@@ -1,4 +1,5 @@
 """Run by tests under torchrun (gloo, CPU): train a BN-free net on a cache; rank 0 saves the weights."""
+import faulthandler
 import sys
 
 import torch
@@ -11,6 +12,7 @@ from fastdata.engine.engine import Engine
 from test_engine import tiny_net  # noqa: E402
 
 cache, out, mode, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+faulthandler.enable(all_threads=True)  # an abort at exit (seen in CI) then shows every thread's stack
 torch.manual_seed(0)
 world = int(__import__("os").environ.get("WORLD_SIZE", 1))
 dl = fastdata.loader(cache, batch // world, device="cpu", shuffle=False,

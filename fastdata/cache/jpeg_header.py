@@ -1,4 +1,4 @@
-"""A JPEG's frame size, components, precision and EXIF orientation from its headers, without decoding.
+"""A JPEG's frame size, kind, components, precision and EXIF orientation from its headers, without decoding.
 
 Shared by the readers (read/header.py: crop boxes drawn before decoding) and the GPU build decoder
 (gpu_build.py: what nvJPEG may decode, and how to turn it). It lives in cache/ because read/
@@ -12,6 +12,21 @@ _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0x
 def jpeg_frame(encoded) -> tuple[int, int, int, int, int] | None:
     """(height, width, components, bits per sample, EXIF orientation) of a JPEG's frame as stored
     (before orientation), from its headers; None when the bytes are not a JPEG with a frame header."""
+    found = _scan(encoded)
+    return None if found is None else found[1:]
+
+
+def baseline_size(encoded) -> tuple[int, int] | None:
+    """(height, width) of a baseline (SOF0) 8-bit 3-component JPEG, the kind nvJPEG's hardware
+    backend decodes; None for any other image (progressive, grey, CMYK, 12-bit, not a JPEG)."""
+    found = _scan(encoded)
+    if found is None or found[0] != 0xC0 or found[3] != 3 or found[4] != 8:
+        return None
+    return found[1], found[2]
+
+
+def _scan(encoded) -> tuple[int, int, int, int, int, int] | None:
+    """(SOF marker, height, width, components, bits per sample, EXIF orientation) from the headers."""
     b = memoryview(encoded).cast("B")
     i, n, orientation = 2, len(b), 1
     if not (n > 3 and b[0] == 0xFF and b[1] == 0xD8):
@@ -20,7 +35,7 @@ def jpeg_frame(encoded) -> tuple[int, int, int, int, int] | None:
         if b[i] != 0xFF:
             i += 1
         elif b[i + 1] in _SOF:
-            return (b[i + 5] << 8) | b[i + 6], (b[i + 7] << 8) | b[i + 8], b[i + 9], b[i + 4], orientation
+            return b[i + 1], (b[i + 5] << 8) | b[i + 6], (b[i + 7] << 8) | b[i + 8], b[i + 9], b[i + 4], orientation
         elif b[i + 1] == 0xFF or b[i + 1] == 0x01 or 0xD0 <= b[i + 1] <= 0xD8:
             i += 1 if b[i + 1] == 0xFF else 2      # fill byte, or a marker without a length
         else:

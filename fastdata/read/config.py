@@ -49,9 +49,23 @@ class RawOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class DecodeOptions:
-    """Backends pil and nvjpeg: JPEG files or a JPEG cache, decoded per batch."""
+    """Backend pil: JPEG files or a JPEG cache, decoded per batch by PIL in the reader threads."""
 
     integrity: str = "shard"            # for a JPEG cache, as in RawOptions
+
+    def check(self) -> None:
+        check_mode(self.integrity)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NvjpegOptions:
+    """Backend nvjpeg: JPEG files or a JPEG cache, decoded per batch on the GPU."""
+
+    integrity: str = "shard"            # for a JPEG cache, as in RawOptions
+    # decode baseline JPEGs on the GPU's NVJPG engines (nvJPEG's hardware backend, hw_decode.py)
+    # where they can be opened (A100, H100, H200), off the SMs the model runs on; other GPUs, other
+    # JPEGs, or False: torchvision's decode_jpeg on the SMs
+    hardware: bool = True
 
     def check(self) -> None:
         check_mode(self.integrity)
@@ -87,7 +101,7 @@ class DaliOptions:
             raise LoaderError(f"crop={self.crop!r}: choose plan (resumable) or dali")
 
 
-OPTIONS = {"raw": RawOptions, "pil": DecodeOptions, "nvjpeg": DecodeOptions, "dali": DaliOptions}
+OPTIONS = {"raw": RawOptions, "pil": DecodeOptions, "nvjpeg": NvjpegOptions, "dali": DaliOptions}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +118,7 @@ class LoaderConfig:
     prefetch: int | None = None
     rank: int | None = None             # None: from torch.distributed / torchrun's RANK when set
     world_size: int | None = None
-    options: RawOptions | DecodeOptions | DaliOptions = field(default_factory=RawOptions)
+    options: RawOptions | DecodeOptions | NvjpegOptions | DaliOptions = field(default_factory=RawOptions)
 
     @property
     def reader_threads(self) -> int:

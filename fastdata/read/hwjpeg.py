@@ -17,7 +17,8 @@ This asks nvJPEG itself: nvjpegCreateEx with the hardware backend succeeds
 only where the engines are usable, and nvjpegGetHardwareDecoderInfo counts
 them. It loads whichever libnvjpeg is installed (the nvidia-nvjpeg wheel that
 DALI pulls in, torchvision's bundled copy, or the system's) through ctypes, so
-it needs neither DALI nor a CUDA context of torch's.
+it needs neither DALI nor a CUDA context of torch's. The nvjpeg backend decodes on the same
+engines through hw_decode.py, which opens the library with load_nvjpeg.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import sys
 from pathlib import Path
 
 _BACKEND_HARDWARE = 3       # nvjpegBackend_t NVJPEG_BACKEND_HARDWARE
-_STATUS = {0: "success", 1: "not initialized", 2: "invalid parameter", 3: "bad jpeg", 4: "jpeg not supported",
+STATUS = {0: "success", 1: "not initialized", 2: "invalid parameter", 3: "bad jpeg", 4: "jpeg not supported",
            5: "allocator failure", 6: "execution failed", 7: "arch mismatch (no hardware decoder on this GPU "
            "or not exposed to this container)", 8: "internal error", 9: "implementation not supported"}
 
@@ -43,7 +44,7 @@ def _candidates() -> list[str]:
     return found + ["libnvjpeg.so", "libnvjpeg.so.13", "libnvjpeg.so.12", "libnvjpeg.so.11"]
 
 
-def _load() -> tuple[ctypes.CDLL | None, str]:
+def load_nvjpeg() -> tuple[ctypes.CDLL | None, str]:
     errors = []
     for name in _candidates():
         try:
@@ -58,7 +59,7 @@ def hardware_jpeg_decoder() -> dict:
     'driver_capabilities': NVIDIA_DRIVER_CAPABILITIES or None}. Never raises."""
     info = {"available": False, "engines": 0, "cores_per_engine": 0, "library": "", "reason": "",
             "driver_capabilities": os.environ.get("NVIDIA_DRIVER_CAPABILITIES")}
-    lib, name = _load()
+    lib, name = load_nvjpeg()
     info["library"] = name
     if lib is None:
         info["reason"] = name
@@ -66,7 +67,7 @@ def hardware_jpeg_decoder() -> dict:
     handle = ctypes.c_void_p()
     status = lib.nvjpegCreateEx(_BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle))
     if status != 0:
-        info["reason"] = f"nvjpegCreateEx(hardware) returned {status}: {_STATUS.get(status, 'unknown')}"
+        info["reason"] = f"nvjpegCreateEx(hardware) returned {status}: {STATUS.get(status, 'unknown')}"
         return info
     engines, cores = ctypes.c_uint(0), ctypes.c_uint(0)
     if hasattr(lib, "nvjpegGetHardwareDecoderInfo"):

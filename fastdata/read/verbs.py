@@ -117,7 +117,8 @@ def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto"
     augment: None/False -> uint8 NHWC batches (backend raw); True -> train-time RandomResizedCrop(224),
     flip and normalise to float32 NCHW channels_last; or an AugmentConfig. The decoding backends always
     crop to augment.size (AugmentConfig() when none is given). options: the backend's own settings
-    (config.RawOptions, DecodeOptions, DaliOptions); one the backend does not take is a LoaderError.
+    (config.RawOptions, DecodeOptions, NvjpegOptions, DaliOptions); one the backend does not take is a
+    LoaderError.
     """
     augment = AugmentConfig() if augment is True else (None if augment is False else augment)
     name = _pick(LEGACY.get(backend, backend), data, augment, device)

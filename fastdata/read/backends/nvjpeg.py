@@ -1,12 +1,17 @@
-"""Backend nvjpeg: JPEG decode on the GPU with torchvision.io.decode_jpeg, for machines without DALI.
+"""Backend nvjpeg: JPEG decode on the GPU without DALI, on the NVJPG engines where it can.
 
-    reader threads:  encoded bytes (files or cache samples)
+    reader threads:  encoded bytes (files or cache samples), and each baseline JPEG's size
     one GPU thread:  on its own CUDA stream: nvJPEG decodes the batch in one call, then crop, resize,
                      flip and normalise; records an event
     training thread: waits for that event on its stream (no host sync)
 
 so the training thread launches none of the decode work; the GPU thread
 works up to two batches ahead (stage_ahead).
+
+Which decoder: nvJPEG's hardware backend (hw_decode.py, the NVJPG engines, off the SMs) for a
+batch of baseline 3-component JPEGs where the engines open (A100, H100, H200) and
+options.hardware is on; torchvision's decode_jpeg (on the SMs) for any other batch, on other
+GPUs, or when the engines refuse a batch. `decoded` counts the images each one decoded.
 
 The crop is one Triton kernel (augment_triton.py, planar mode) that reads every
 image where nvJPEG left it: the plan holds each image's byte offset from the
@@ -23,10 +28,12 @@ import numpy as np
 import torch
 
 from ...errors import DependencyError, LoaderError
+from ...cache.jpeg_header import baseline_size
 from ..augment import apply_plan, normalize, plan_tensor, resolve_kernel
 from ..crop import plan_rows
 from ..crop_box import crop_boxes
 from ..encoded import EncodedSource
+from ..hw_decode import HardwareDecodeError, open_hardware_decoder
 from . import BaseBackend
 from .decode import batch_rng, read_encoded, source_attrs
 from .gpu_resize import crop_resize, pack
@@ -50,14 +57,36 @@ class NvjpegBackend(BaseBackend):
         self._gpu = ThreadPoolExecutor(1, thread_name_prefix="fastdata-gpu-decode")
         self._held: deque = deque()   # (event, decoded images) until the kernel reading them has run
         self._triton = resolve_kernel(cfg.augment, device) == "triton"
+        self._hw, self.hardware = (open_hardware_decoder(device) if cfg.options.hardware
+                                   else (None, "off (options.hardware=False)"))
+        self.decoded = {"hardware": 0, "torchvision": 0}
 
     def read(self, key, idx: np.ndarray, _slot):
         rng = batch_rng(self.cfg.seed, key, self.cfg.batch_size)
-        return (*read_encoded(self.encoded, idx, self.cfg.augment, rng), rng, idx)
+        encoded, labels, flips = read_encoded(self.encoded, idx, self.cfg.augment, rng)
+        return encoded, labels, flips, rng, idx, self._baseline_sizes(encoded)
 
-    def _decode(self, encoded, idx) -> list[torch.Tensor]:
+    def _baseline_sizes(self, encoded) -> tuple[np.ndarray, np.ndarray] | None:
+        """Reader thread: (heights, widths) when the engines can take every image of the batch."""
+        if self._hw is None:
+            return None
+        sizes = [baseline_size(e) for e in encoded]
+        if not sizes or any(s is None for s in sizes):
+            return None
+        hw = np.array(sizes, dtype=np.int64)
+        return hw[:, 0], hw[:, 1]
+
+    def _decode(self, encoded, idx, sizes) -> list[torch.Tensor]:
+        if sizes is not None and self._hw is not None:
+            try:
+                decoded = self._hw.decode(encoded, *sizes, self._stream)
+                self.decoded["hardware"] += len(decoded)
+                return decoded
+            except HardwareDecodeError:
+                pass            # the engines refused this batch: torchvision decodes it (and names a bad file)
         from torchvision.io import ImageReadMode, decode_jpeg
 
+        self.decoded["torchvision"] += len(encoded)
         try:
             return decode_jpeg([torch.from_numpy(e) for e in encoded], mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError as e:
@@ -80,21 +109,22 @@ class NvjpegBackend(BaseBackend):
 
     def _prepare(self, out):
         """GPU thread, own stream: the finished batch and the event that marks it ready."""
-        encoded, labels, flips, rng, idx = out
+        encoded, labels, flips, rng, idx, sizes = out
         with torch.cuda.stream(self._stream):
-            decoded = self._decode(encoded, idx)
+            decoded = self._decode(encoded, idx, sizes)
             images = self._augment(decoded, rng, flips)
             labels = labels.to(self.device)
             ready = torch.cuda.Event()
             ready.record(self._stream)
-        self._hold(ready, decoded)
+        self._hold(ready, (decoded, encoded))
         return images, labels, ready
 
-    def _hold(self, ready, decoded) -> None:
+    def _hold(self, ready, kept) -> None:
         """Keep a batch's decoded images until the kernel that reads them has run: nvJPEG writes the
         next batches on its own stream, which does not wait for ours, into memory freed to the
-        allocator (a host wait here, on the GPU thread, never on the training thread)."""
-        self._held.append((ready, decoded))
+        allocator (a host wait here, on the GPU thread, never on the training thread). The encoded
+        bytes are kept as long: the hardware backend may read them after its call returns."""
+        self._held.append((ready, kept))
         while len(self._held) > self.stage_ahead + 1:
             self._held.popleft()[0].synchronize()
 
@@ -111,3 +141,5 @@ class NvjpegBackend(BaseBackend):
 
     def close(self) -> None:
         self._gpu.shutdown(wait=True)
+        if self._hw is not None:
+            self._hw.close()

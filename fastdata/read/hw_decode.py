@@ -1,0 +1,128 @@
+"""Batched JPEG decode on the GPU's NVJPG engines: nvJPEG's hardware backend, called through ctypes.
+
+Why not torchvision's decode_jpeg (the fallback, backends/nvjpeg.py): measured feeding resnet18 on
+an H200 (benchmarks/host_probe.py --jpeg), its batch call took 15-17 ms of the loader's 18 ms a
+batch against ~10 ms alone. It runs its IDCT and colour kernels on the SMs the model is using, and
+every call in a process goes through one global decoder behind a mutex that starts with a
+cudaStreamSynchronize on a stream we cannot choose, which capped the loader near 14k img/s.
+
+The hardware backend decodes on the dedicated NVJPG engines (7 on an H200), off the SMs, on a
+stream we pass: ours. Two decode states are used in turn, so a call waits (host side, on the
+loader's GPU thread) only for the batch before the previous one, never for the one just queued:
+nvJPEG's own examples wait for a state's previous batch before reusing it.
+
+Output is planar RGB, one (3, H, W) uint8 view per image into one allocation, the layout
+torchvision's decode_jpeg returns, so the crop kernels downstream take either. Only baseline
+8-bit 3-component JPEGs are sent here (cache.jpeg_header.baseline_size); the caller decodes any
+other batch the torchvision way. Nothing here runs at import: the library is opened on first use.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from .hwjpeg import STATUS, load_nvjpeg
+
+_BACKEND_HARDWARE = 3       # nvjpegBackend_t NVJPEG_BACKEND_HARDWARE
+_OUTPUT_RGB = 3             # nvjpegOutputFormat_t NVJPEG_OUTPUT_RGB: planar, one plane per channel
+_IMAGE_WORDS = 8            # nvjpegImage_t: unsigned char *channel[4]; size_t pitch[4]
+
+
+class HardwareDecodeError(RuntimeError):
+    """nvJPEG's hardware backend refused a call; the caller decodes that batch another way."""
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise HardwareDecodeError(f"{what} returned {status}: {STATUS.get(status, 'unknown')}")
+
+
+def _declare(lib) -> None:
+    p = ctypes.c_void_p
+    for name, args in {"nvjpegCreateEx": [ctypes.c_int, p, p, ctypes.c_uint, p],
+                       "nvjpegJpegStateCreate": [p, p], "nvjpegJpegStateDestroy": [p], "nvjpegDestroy": [p],
+                       "nvjpegDecodeBatchedInitialize": [p, p, ctypes.c_int, ctypes.c_int, ctypes.c_int],
+                       "nvjpegDecodeBatched": [p, p, p, p, p, p]}.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, ctypes.c_int
+
+
+def output_table(base: int, heights: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(nvjpegImage_t array as uint64 words, byte offset of each image from base): image i's three
+    planes lie back to back at base + offset[i], each H*W bytes with pitch W."""
+    plane = heights.astype(np.uint64) * widths.astype(np.uint64)
+    offsets = np.zeros(len(plane), np.uint64)
+    np.cumsum(3 * plane[:-1], out=offsets[1:])
+    table = np.zeros((len(plane), _IMAGE_WORDS), np.uint64)
+    for c in range(3):
+        table[:, c] = np.uint64(base) + offsets + np.uint64(c) * plane
+        table[:, 4 + c] = widths
+    return table, offsets
+
+
+class HardwareJpegDecoder:
+    """One nvJPEG handle with the hardware backend on one device, and two batched decode states."""
+
+    def __init__(self, device: torch.device, states: int = 2) -> None:
+        lib, name = load_nvjpeg()
+        if lib is None:
+            raise HardwareDecodeError(name)
+        _declare(lib)
+        self.lib, self.library, self.device = lib, name, device
+        self._handle = ctypes.c_void_p()
+        with torch.cuda.device(device):
+            torch.cuda.init()
+            _check(lib.nvjpegCreateEx(_BACKEND_HARDWARE, None, None, 0, ctypes.byref(self._handle)),
+                   "nvjpegCreateEx(hardware)")
+            self._states = []
+            for _ in range(states):
+                state = ctypes.c_void_p()
+                _check(lib.nvjpegJpegStateCreate(self._handle, ctypes.byref(state)), "nvjpegJpegStateCreate")
+                self._states.append([state, None])     # [state, event of the batch it decoded last]
+        self._turn = 0
+
+    def decode(self, encoded: list[np.ndarray], heights: np.ndarray, widths: np.ndarray,
+               stream: torch.cuda.Stream) -> list[torch.Tensor]:
+        """(3, H, W) uint8 views, decoded on `stream`; valid once `stream` reaches this point. The
+        caller keeps `encoded` alive until then (nvJPEG may read the bytes asynchronously)."""
+        entry = self._states[self._turn]
+        self._turn = (self._turn + 1) % len(self._states)
+        if entry[1] is not None:
+            entry[1].synchronize()          # this state's previous batch is done with its buffers
+        n = len(encoded)
+        total = int((3 * heights.astype(np.int64) * widths).sum())
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            out = torch.empty(total, dtype=torch.uint8, device=self.device)
+            table, offsets = output_table(out.data_ptr(), heights, widths)
+            data = np.array([e.__array_interface__["data"][0] for e in encoded], np.uint64)
+            lengths = np.array([e.nbytes for e in encoded], np.uint64)
+            _check(self.lib.nvjpegDecodeBatchedInitialize(self._handle, entry[0], n, 1, _OUTPUT_RGB),
+                   "nvjpegDecodeBatchedInitialize")
+            _check(self.lib.nvjpegDecodeBatched(self._handle, entry[0], data.ctypes.data, lengths.ctypes.data,
+                                                table.ctypes.data, ctypes.c_void_p(stream.cuda_stream)),
+                   "nvjpegDecodeBatched")
+            entry[1] = torch.cuda.Event()
+            entry[1].record(stream)
+        return [out[int(o):int(o) + 3 * int(h) * int(w)].view(3, int(h), int(w))
+                for o, h, w in zip(offsets, heights, widths)]
+
+    def close(self) -> None:
+        """Waits for the states' last batches, then frees them and the handle (idempotent)."""
+        for entry in self._states:
+            if entry[1] is not None:
+                entry[1].synchronize()
+            self.lib.nvjpegJpegStateDestroy(entry[0])
+        self._states = []
+        if self._handle:
+            self.lib.nvjpegDestroy(self._handle)
+            self._handle = ctypes.c_void_p()
+
+
+def open_hardware_decoder(device: torch.device) -> tuple[HardwareJpegDecoder | None, str]:
+    """(decoder, why): None with the reason where the NVJPG engines cannot be used from here."""
+    try:
+        return HardwareJpegDecoder(device), "nvJPEG hardware backend"
+    except HardwareDecodeError as e:
+        return None, str(e)

@@ -1,0 +1,75 @@
+"""The NVJPG engines (nvJPEG's hardware backend through hw_decode.py) on a real GPU: same pixels as
+torchvision's decode, used by the loader where they open, and a batch they cannot take decoded
+the torchvision way. Skipped where the engines are absent (the reason is printed)."""
+from __future__ import annotations
+
+import io
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastdata
+from fastdata.read.augment import AugmentConfig
+from fastdata.read.encoded import EncodedSource
+from fastdata.read.hw_decode import open_hardware_decoder
+
+pytest.importorskip("torchvision")
+
+
+@pytest.fixture(scope="module")
+def engines():
+    decoder, why = open_hardware_decoder(torch.device("cuda"))
+    if decoder is None:
+        pytest.skip(f"no NVJPG engines here: {why}")
+    yield decoder
+    decoder.close()
+
+
+def test_engines_decode_what_torchvision_decodes(engines, jpeg_cache):
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from fastdata.cache.jpeg_header import baseline_size
+
+    encoded, _ = EncodedSource(jpeg_cache).get_batch(np.arange(24))
+    hw = np.array([baseline_size(e) for e in encoded])
+    stream = torch.cuda.Stream()
+    for _ in range(3):          # both decode states, and one reused
+        mine = engines.decode(encoded, hw[:, 0], hw[:, 1], stream)
+    stream.synchronize()
+    ref = decode_jpeg([torch.from_numpy(e.copy()) for e in encoded], mode=ImageReadMode.RGB, device="cuda")
+    diffs = [(a.float() - b.float()).abs().mean().item() for a, b in zip(mine, ref)]
+    print(f"engines vs torchvision: mean abs diff {np.mean(diffs):.3f} levels, worst image {max(diffs):.3f}")
+    assert all(a.shape == b.shape for a, b in zip(mine, ref))
+    assert max(diffs) < 2.0
+
+
+def test_loader_takes_the_engines_and_matches_the_torchvision_path(engines, jpeg_cache):
+    outs, counts = [], []
+    for hardware in (True, False):
+        dl = fastdata.loader(jpeg_cache, 16, backend="nvjpeg", device="cuda", seed=5, hardware=hardware,
+                             augment=AugmentConfig(size=48, dtype="float32"))
+        outs.append([(b.images.float().cpu(), b.labels.cpu()) for b in dl])
+        counts.append(dict(dl.backend.decoded))
+        dl.close()
+    assert counts[0]["hardware"] == len(EncodedSource(jpeg_cache)) and counts[0]["torchvision"] == 0
+    assert counts[1]["hardware"] == 0
+    for (a, la), (b, lb) in zip(*outs):
+        assert torch.equal(la, lb) and (a - b).abs().mean() < 0.02
+
+
+def test_a_batch_the_engines_cannot_take_is_decoded_by_torchvision(engines, image_folder, tmp_path):
+    folder = tmp_path / "mixed"
+    shutil.copytree(image_folder, folder)
+    victim = sorted(folder.glob("*/*.jpg"))[0]
+    img = Image.open(victim).convert("RGB")
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", progressive=True, quality=90)
+    victim.write_bytes(buf.getvalue())
+    dl = fastdata.loader(folder, 8, backend="nvjpeg", device="cuda", shuffle=False,
+                         augment=AugmentConfig(size=32, train=False))
+    n = sum(len(b.labels) for b in dl)
+    dl.close()
+    assert dl.backend.decoded["torchvision"] == 8 and dl.backend.decoded["hardware"] == n - 8
