@@ -133,13 +133,13 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
 
     return [
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
-        ("jpeg nvjpeg loader, NVJPG engines (hardware=True)", lambda: Tweaked(jpeg()), None),
+        ("jpeg nvjpeg loader, NVJPG engines (hardware=True)", lambda: Tweaked(jpeg(hardware=True)), None),
         ("jpeg nvjpeg loader, torchvision decode_jpeg (hardware=False)", lambda: Tweaked(jpeg(hardware=False)), None),
-        ("jpeg nvjpeg loader, engines, batches discarded (synthetic x)", lambda: jpeg(), lambda b: syn.x),
+        ("jpeg nvjpeg loader, engines, batches discarded (synthetic x)", lambda: jpeg(hardware=True), lambda b: syn.x),
         ("jpeg nvjpeg loader, torchvision, batches discarded (synthetic x)", lambda: jpeg(hardware=False),
          lambda b: syn.x),
-        ("jpeg nvjpeg loader, engines, 4 threads", lambda: Tweaked(jpeg(threads=4)), None),
-        ("jpeg nvjpeg loader, engines, GPU thread 4 batches ahead", lambda: Tweaked(jpeg(), ahead=4), None),
+        ("jpeg nvjpeg loader, engines, 4 threads", lambda: Tweaked(jpeg(hardware=True, threads=4)), None),
+        ("jpeg nvjpeg loader, engines, GPU thread 4 batches ahead", lambda: Tweaked(jpeg(hardware=True), ahead=4), None),
         (f"synthetic + nvJPEG decode in a thread, {rate:.0f} batches/s", lambda: DecodeThread(syn, jpeg_cache, bs, rate),
          None),
     ]

@@ -62,10 +62,11 @@ class NvjpegOptions:
     """Backend nvjpeg: JPEG files or a JPEG cache, decoded per batch on the GPU."""
 
     integrity: str = "shard"            # for a JPEG cache, as in RawOptions
-    # decode baseline JPEGs on the GPU's NVJPG engines (nvJPEG's hardware backend, hw_decode.py)
-    # where they can be opened (A100, H100, H200), off the SMs the model runs on; other GPUs, other
-    # JPEGs, or False: torchvision's decode_jpeg on the SMs
-    hardware: bool = True
+    # True: decode baseline JPEGs on the GPU's NVJPG engines (nvJPEG's hardware backend, hw_decode.py)
+    # where they open (A100, H100, H200), off the SMs the model runs on; other GPUs and other JPEGs
+    # still go to torchvision's decode_jpeg on the SMs. Off by default until it is measured on a GPU
+    # (written and checked against nvjpeg.h 12.4 on a machine without one; tests/gpu cover it)
+    hardware: bool = False
 
     def check(self) -> None:
         check_mode(self.integrity)

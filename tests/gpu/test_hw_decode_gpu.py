@@ -68,7 +68,7 @@ def test_a_batch_the_engines_cannot_take_is_decoded_by_torchvision(engines, imag
     buf = io.BytesIO()
     img.save(buf, format="JPEG", progressive=True, quality=90)
     victim.write_bytes(buf.getvalue())
-    dl = fastdata.loader(folder, 8, backend="nvjpeg", device="cuda", shuffle=False,
+    dl = fastdata.loader(folder, 8, backend="nvjpeg", device="cuda", shuffle=False, hardware=True,
                          augment=AugmentConfig(size=32, train=False))
     n = sum(len(b.labels) for b in dl)
     dl.close()

@@ -10,7 +10,7 @@ works up to two batches ahead (stage_ahead).
 
 Which decoder: nvJPEG's hardware backend (hw_decode.py, the NVJPG engines, off the SMs) for a
 batch of baseline 3-component JPEGs where the engines open (A100, H100, H200) and
-options.hardware is on; torchvision's decode_jpeg (on the SMs) for any other batch, on other
+options.hardware is on (opt-in until measured on a GPU); torchvision's decode_jpeg (on the SMs) for any other batch, on other
 GPUs, or when the engines refuse a batch. `decoded` counts the images each one decoded.
 
 The crop is one Triton kernel (augment_triton.py, planar mode) that reads every
