@@ -62,10 +62,11 @@ class NvjpegOptions:
     """Backend nvjpeg: JPEG files or a JPEG cache, decoded per batch on the GPU."""
 
     integrity: str = "shard"            # for a JPEG cache, as in RawOptions
-    # True: decode baseline JPEGs on the GPU's NVJPG engines (nvJPEG's hardware backend, hw_decode.py)
-    # where they open (A100, H100, H200), off the SMs the model runs on; other GPUs and other JPEGs
-    # still go to torchvision's decode_jpeg on the SMs. Off by default until it is measured on a GPU
-    # (written and checked against nvjpeg.h 12.4 on a machine without one; tests/gpu cover it)
+    # True: baseline JPEGs go to our own call of nvJPEG's hardware backend (hw_decode.py: the NVJPG
+    # engines, queued on the loader's stream without a host sync per batch) where the engines open
+    # (A100, H100, H200); other GPUs and other JPEGs still go to torchvision's decode_jpeg. Off by
+    # default until it is measured on a GPU (written against nvjpeg.h 12.4 on a machine without one;
+    # tests/gpu/test_hw_decode_gpu.py covers it)
     hardware: bool = False
 
     def check(self) -> None:

@@ -1,20 +1,22 @@
 """Batched JPEG decode on the GPU's NVJPG engines: nvJPEG's hardware backend, called through ctypes.
 
-Why not torchvision's decode_jpeg (the fallback, backends/nvjpeg.py): measured feeding resnet18 on
-an H200 (benchmarks/host_probe.py --jpeg), its batch call took 15-17 ms of the loader's 18 ms a
-batch against ~10 ms alone. It runs its IDCT and colour kernels on the SMs the model is using, and
-every call in a process goes through one global decoder behind a mutex that starts with a
-cudaStreamSynchronize on a stream we cannot choose, which capped the loader near 14k img/s.
+torchvision's decode_jpeg (the fallback, backends/nvjpeg.py) reaches the same engines on an A100 or
+H100/H200, but the shape of its call is what stop 30 measured as the limit: feeding resnet18 on an
+H200 (benchmarks/host_probe.py --jpeg), one call took 15-17 ms of the loader's 18 ms a batch
+against ~10 ms alone, which capped the loader near 14k img/s. Every call of a process goes through
+one global decoder behind a mutex, parses each image's header again, and ends with a host
+cudaStreamSynchronize: the GPU thread waits for the whole decode, queued behind the model's kernels.
 
-The hardware backend decodes on the dedicated NVJPG engines (7 on an H200), off the SMs, on a
-stream we pass: ours. Two decode states are used in turn, so a call waits (host side, on the
-loader's GPU thread) only for the batch before the previous one, never for the one just queued:
-nvJPEG's own examples wait for a state's previous batch before reusing it.
+Here the batch is queued on our stream and the call returns (nvJPEG's hardware backend pipelines
+nvjpegDecodeBatched by default); the sizes come from the reader threads' header parse. Two decode
+states are used in turn, so the only host wait (on the loader's GPU thread) is for the batch before
+the previous one, before its state is reused, as nvJPEG's own examples wait before reusing one.
 
 Output is planar RGB, one (3, H, W) uint8 view per image into one allocation, the layout
 torchvision's decode_jpeg returns, so the crop kernels downstream take either. Only baseline
 8-bit 3-component JPEGs are sent here (cache.jpeg_header.baseline_size); the caller decodes any
-other batch the torchvision way. Nothing here runs at import: the library is opened on first use.
+other batch the torchvision way. Enum values and struct layout as in nvjpeg.h 12.4. Nothing here
+runs at import: the library is opened on first use.
 """
 from __future__ import annotations
 

@@ -8,10 +8,11 @@
 so the training thread launches none of the decode work; the GPU thread
 works up to two batches ahead (stage_ahead).
 
-Which decoder: nvJPEG's hardware backend (hw_decode.py, the NVJPG engines, off the SMs) for a
-batch of baseline 3-component JPEGs where the engines open (A100, H100, H200) and
-options.hardware is on (opt-in until measured on a GPU); torchvision's decode_jpeg (on the SMs) for any other batch, on other
-GPUs, or when the engines refuse a batch. `decoded` counts the images each one decoded.
+Which decoder: with options.hardware (opt-in until measured on a GPU), a batch of baseline
+3-component JPEGs goes to our own call of nvJPEG's hardware backend (hw_decode.py: queued on our
+stream, no host sync per call) where the engines open (A100, H100, H200); any other batch, other
+GPUs, a batch the engines refuse, or hardware off: torchvision's decode_jpeg (which uses the same
+engines where it can, but waits for each call to finish). `decoded` counts the images each decoded.
 
 The crop is one Triton kernel (augment_triton.py, planar mode) that reads every
 image where nvJPEG left it: the plan holds each image's byte offset from the
