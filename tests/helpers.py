@@ -101,31 +101,21 @@ def check_resume_contract(make, name: str) -> None:
 
 
 def kill_build_after(cmd: list[str], dest, shards_done: int, extra_s: float) -> bool:
-    """Start a build, wait until its journal records `shards_done` shards, wait `extra_s` more, then
-    kill -9 the build and its workers. True if the build was left unfinished."""
-    import json
-    import os
-    import signal
+    """Run CMD (`python -m fastdata.cli build-cache ...`) so that it kills -9 itself and its workers
+    once its journal records `shards_done` shards and `extra_s` more seconds have passed (see
+    tests/killed_build.py: the kill comes from inside, so machine load cannot make it miss).
+    True if the build was left unfinished."""
     import subprocess
-    import time
+    import sys
+    from pathlib import Path
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    journal = dest / ".build" / "journal.json"
-    deadline = time.time() + 60
-    while proc.poll() is None and time.time() < deadline:
-        try:
-            if len(json.loads(journal.read_text())["shards"]) >= shards_done:
-                break
-        except (OSError, ValueError, KeyError):
-            if shards_done == 0:
-                break
-        time.sleep(0.005)
-    time.sleep(extra_s)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+    if cmd[1:3] != ["-m", "fastdata.cli"]:
+        raise ValueError(f"expected a `python -m fastdata.cli` command, got {cmd[:3]}")
+    script = Path(__file__).with_name("killed_build.py")
+    full = [sys.executable, str(script), str(shards_done), str(extra_s), "--", *cmd[3:]]
+    proc = subprocess.Popen(full, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    if proc.wait(timeout=300) == 0:
+        return False
     return not (dest / "manifest.json").exists()
 
 

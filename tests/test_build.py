@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +20,7 @@ from fastdata.read.dataset import CacheDataset
 from fastdata.errors import BuildError, CacheFormatError, SourceError
 from fastdata.sample import make_corrupt_zoo
 
-from helpers import build
+from helpers import build, kill_build_after
 
 
 def _direct(path: Path, size: int) -> np.ndarray:
@@ -74,23 +72,6 @@ def _shard_hashes(dest: Path) -> dict[str, str]:
     return {s.name: s.sha256 for s in m.shards}
 
 
-def kill_build_after_first_shard(cmd, dest: Path, delay: float) -> bool:
-    """Start the build, wait for its first committed shard, kill -9 its whole process group DELAY
-    seconds later. True if the build was left unfinished."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    journal = dest / ".build" / "journal.json"
-    deadline = time.time() + 60
-    while not journal.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.002)
-    time.sleep(delay)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the build and its workers, mid-write
-    except ProcessLookupError:
-        pass
-    proc.wait()
-    return not (dest / "manifest.json").exists()
-
-
 def test_resume_after_kill_is_byte_identical(image_folder, tmp_path):
     clean = tmp_path / "clean"
     t0 = time.perf_counter()
@@ -102,8 +83,8 @@ def test_resume_after_kill_is_byte_identical(image_folder, tmp_path):
     rng = np.random.default_rng(1)
     interrupted = 0
     for delay in (*rng.uniform(0.0, 0.4 * seconds, size=2), 0.0):  # the last lands right after shard 1
-        interrupted += kill_build_after_first_shard(cmd, dest, float(delay))
-    assert interrupted >= 1, "no kill landed mid-build: the test did not test resume"
+        interrupted += kill_build_after(cmd, dest, 1, float(delay))
+    assert interrupted == 3, "a kill did not land mid-build: the test did not test resume"
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert _shard_hashes(dest) == _shard_hashes(clean)
     assert load_manifest(dest).to_json()["shards"] == load_manifest(clean).to_json()["shards"]
