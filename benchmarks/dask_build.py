@@ -9,11 +9,13 @@ The running cluster is started once by this script, and the command connects to 
 idle workers stay up through every row, so `--rows local,dask` leaves it out. On a 2-core box one
 run of the same build varies by 10% (dask-fixed-cost-cpu2-2026-12-04-run2.md), so the verdict is the
 median over reps of each rep's paired ratio (dask / local of the same rep), not a best-of.
+CPU s: user + system seconds of the command and the workers it reaped (less moved by noise).
 Goal (issue #22): Dask within 10% of the local pool.
 """
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import subprocess
 import sys
@@ -55,13 +57,13 @@ def main() -> None:
                 dest = tmp / f"{executor.replace('/', '_').replace(':', '_')}-{rep}"
                 cmd = [sys.executable, "-m", "fastdata.cli", "build-cache", str(src), str(dest), "--size",
                        str(a.size), "--workers", str(workers), "--executor", executor, "--no-progress"]
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), _child_cpu()
                 subprocess.run(cmd, check=True, capture_output=True)   # what a user runs, start to end
-                wall = time.perf_counter() - t0
+                wall, cpu = time.perf_counter() - t0, _child_cpu() - cpu0
                 m = load_manifest(dest)
                 name = "dask (running cluster)" if executor == warm else executor
                 rows.append({"executor": name, "rep": rep, "wall s": wall, "img/s": m.num_samples / wall,
-                             "shards": len(m.shards)})
+                             "CPU s": cpu, "shards": len(m.shards)})
                 same = all((dest / s.name).read_bytes() == (tmp / f"local-{rep}" / s.name).read_bytes()
                            for s in m.shards)
                 rows[-1]["identical to local"] = same
@@ -72,9 +74,16 @@ def main() -> None:
         notes = (f"{n} JPEGs (~500x375), size {a.size}, {workers} worker processes, rows alternating. "
                  + verdict(rows) + f"\n\nRerun: `python benchmarks/dask_build.py --per-class {a.per_class} "
                  f"--size {a.size} --reps {a.reps} --rows {a.rows}`")
-        write("dask-build", rows, ["executor", "rep", "wall s", "img/s", "shards", "identical to local"], notes)
+        write("dask-build", rows, ["executor", "rep", "wall s", "img/s", "CPU s", "shards", "identical to local"], notes)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _child_cpu() -> float:
+    """User + system CPU seconds of waited-for descendants: the build command and the workers it
+    reaped. A cost beside the wall time that machine noise moves less."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def verdict(rows: list[dict]) -> str:

@@ -252,6 +252,29 @@ def test_cache_replaced_under_running_loader_is_detected(image_folder, tmp_path)
             pass
 
 
+def test_a_shard_evicted_by_its_store_is_not_a_change_on_disk(raw_cache, tmp_path):
+    """An evicting shard folder (object storage) unlinks a file before it tells the cache; a check
+    in between must not call that a rebuilt cache (it failed a CI run)."""
+    import shutil
+
+    from fastdata.read.reader import open_cache
+
+    copy = tmp_path / "c"
+    shutil.copytree(raw_cache, copy)
+    cache = open_cache(copy)
+    shard = cache.shard(0)
+    shard.path.unlink()                      # the eviction, before its listener has run
+    with pytest.raises(CacheFormatError, match="changed on disk"):
+        cache.check_unchanged([0])           # a local cache: a file gone under a reader is an error
+
+    class Evicting:
+        evicts = True
+
+    cache.store = Evicting()
+    cache.check_unchanged([0])               # an evicting store's own file: not a change
+    assert cache.shard(0) is shard and shard.sample(0).shape == shard.sample(1).shape   # the mapping reads on
+
+
 def test_unknown_read_mode_is_refused(raw_cache):
     with pytest.raises(LoaderError, match="choose mmap or pread"):
         fastdata.loader(raw_cache, 8, device="cpu", read="o_direct")
