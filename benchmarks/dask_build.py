@@ -9,13 +9,13 @@ The running cluster is started once by this script, and the command connects to 
 idle workers stay up through every row, so `--rows local,dask` leaves it out. On a 2-core box one
 run of the same build varies by 10% (dask-fixed-cost-cpu2-2026-12-04-run2.md), so the verdict is the
 median over reps of each rep's paired ratio (dask / local of the same rep), not a best-of.
-CPU s: user + system seconds of the command and the workers it reaped (less moved by noise).
+CPU s: busy CPU seconds of the whole machine during the row (quiet machine: the row's cost).
 Goal (issue #22): Dask within 10% of the local pool.
 """
 from __future__ import annotations
 
 import argparse
-import resource
+import os
 import shutil
 import subprocess
 import sys
@@ -57,9 +57,9 @@ def main() -> None:
                 dest = tmp / f"{executor.replace('/', '_').replace(':', '_')}-{rep}"
                 cmd = [sys.executable, "-m", "fastdata.cli", "build-cache", str(src), str(dest), "--size",
                        str(a.size), "--workers", str(workers), "--executor", executor, "--no-progress"]
-                t0, cpu0 = time.perf_counter(), _child_cpu()
+                t0, cpu0 = time.perf_counter(), _busy_cpu()
                 subprocess.run(cmd, check=True, capture_output=True)   # what a user runs, start to end
-                wall, cpu = time.perf_counter() - t0, _child_cpu() - cpu0
+                wall, cpu = time.perf_counter() - t0, _busy_cpu() - cpu0
                 m = load_manifest(dest)
                 name = "dask (running cluster)" if executor == warm else executor
                 rows.append({"executor": name, "rep": rep, "wall s": wall, "img/s": m.num_samples / wall,
@@ -79,11 +79,16 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _child_cpu() -> float:
-    """User + system CPU seconds of waited-for descendants: the build command and the workers it
-    reaped. A cost beside the wall time that machine noise moves less."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def _busy_cpu() -> float:
+    """CPU seconds the whole machine spent busy (user, nice, system, irq, softirq, steal in
+    /proc/stat): on a quiet machine, what a row cost in all its processes, Dask's detached
+    workers included (the rusage of reaped children misses them). NaN off Linux."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def verdict(rows: list[dict]) -> str:
