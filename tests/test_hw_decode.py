@@ -48,6 +48,33 @@ def test_without_a_library_the_decoder_is_absent_with_the_reason(monkeypatch):
     assert decoder is None and "no libnvjpeg" in why
 
 
+def test_a_library_without_a_call_leaves_the_decoder_absent_with_the_reason(monkeypatch):
+    import torch
+
+    from fastdata.read import hw_decode
+
+    class Call:                 # takes argtypes/restype like a ctypes function
+        pass
+
+    class OldLib:               # a libnvjpeg that predates (or dropped) the batched calls
+        _name = "libnvjpeg.so.old"
+        nvjpegCreateEx, nvjpegJpegStateCreate, nvjpegJpegStateDestroy, nvjpegDestroy = Call(), Call(), Call(), Call()
+
+    monkeypatch.setattr(hw_decode, "load_nvjpeg", lambda: (OldLib(), OldLib._name))
+    decoder, why = open_hardware_decoder(torch.device("cpu"))
+    assert decoder is None and "nvjpegDecodeBatchedInitialize is missing from libnvjpeg.so.old" in why
+
+
+def test_the_installed_libnvjpeg_has_every_call_we_declare():
+    from fastdata.read.hw_decode import _declare
+
+    lib, why = hwjpeg.load_nvjpeg()
+    if lib is None:
+        pytest.skip(why)
+    _declare(lib)               # raises HardwareDecodeError naming a missing call
+    assert lib.nvjpegDecodeBatched.argtypes is not None
+
+
 def test_hardware_is_an_option_of_the_nvjpeg_backend_only():
     assert split_options("nvjpeg", {"hardware": True}).hardware is True
     assert split_options("nvjpeg", {}).hardware is False        # opt-in until measured on a GPU

@@ -47,7 +47,10 @@ def _declare(lib) -> None:
                        "nvjpegJpegStateCreate": [p, p], "nvjpegJpegStateDestroy": [p], "nvjpegDestroy": [p],
                        "nvjpegDecodeBatchedInitialize": [p, p, ctypes.c_int, ctypes.c_int, ctypes.c_int],
                        "nvjpegDecodeBatched": [p, p, p, p, p, p]}.items():
-        fn = getattr(lib, name)
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:     # a libnvjpeg without the call: decode the torchvision way
+            raise HardwareDecodeError(f"{name} is missing from {lib._name}") from None
         fn.argtypes, fn.restype = args, ctypes.c_int
 
 
