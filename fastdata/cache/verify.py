@@ -24,7 +24,7 @@ class VerifyReport:
         if self.ok:
             return f"{self.cache}: all {self.shards} shards match their checksums"
         lines = [f"{self.cache}: {len(self.damaged)} of {self.shards} shards damaged; rebuild them "
-                 f"(delete the cache and rerun build-cache)"]
+                 f"(rerun the build-cache command that made it: it rebuilds only these)"]
         for name, why in sorted(self.damaged.items()):
             lines.append(f"  {name}: {why}")
             for idx, key in self.samples.get(name, [])[:20]:
