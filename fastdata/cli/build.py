@@ -124,7 +124,8 @@ def _cmd_info(a) -> int:
     print(f"{a.cache}: format v{m.format_version}, {m.kind} in {m.shard_format} shards")
     print(f"  samples {m.num_samples}, shards {len(m.shards)}, {human_bytes(total)}, "
           f"shape {tuple(m.sample_shape) if m.sample_shape else 'variable'}, classes {len(m.label_map)}")
-    print(f"  build: size={m.build.get('size')} resize={m.build.get('resize')} encode={m.build.get('encode')}")
+    gpu = f" decoder={m.build['decoder']}" if "decoder" in m.build else ""   # nvjpeg: pixels differ from cpu
+    print(f"  build: size={m.build.get('size')} resize={m.build.get('resize')} encode={m.build.get('encode')}{gpu}")
     ram, budget = memory_total(), memory_budget()
     where = ("fits in half of the memory budget: read at memory speed" if total <= budget // 2 else
              "larger than half of the memory budget: fastdata.loader streams it from disk (memory='auto')")
