@@ -8,6 +8,8 @@ any order, anywhere, and be retried.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import re
 import signal
 from pathlib import Path
 
@@ -126,12 +128,20 @@ def take(writer, quarantined: list, item, res, on_error: str) -> str | None:
     return None
 
 
+def os_reason(e: OSError) -> str:
+    """One line for an OSError: the errno HDF5 buries in a multi-line message ("... errno = 28,
+    error message = 'No space left on device' ..."), else its strerror or text on one line."""
+    text = e.strerror or str(e)
+    found = re.search(r"errno = (\d+)", text)
+    return os.strerror(int(found.group(1))) if found else " ".join(text.split())
+
+
 def _finish(index, writer, quarantined, dest, dest_url, options):
     try:
         info = writer.close() if writer.count else None
     except OSError as e:  # disk full, DEST removed or made read-only mid-build
         writer.tmp.unlink(missing_ok=True)
-        return index, None, [], (f"{writer.path}: cannot write shard ({e.strerror or e}); free space or fix "
+        return index, None, [], (f"{writer.path}: cannot write shard ({os_reason(e)}); free space or fix "
                                  f"permissions in {dest}, then rerun the same command to resume")
     try:
         return index, _publish(info, writer.path, dest_url, options), quarantined, None

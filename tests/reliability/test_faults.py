@@ -56,6 +56,19 @@ def test_ten_kills_then_resume_is_identical(image_folder, tmp_path):
     assert all(np.array_equal(a[i][0].numpy(), b[i][0].numpy()) for i in range(0, len(a), 9))
 
 
+def test_hdf5s_multi_line_write_error_becomes_one_line():
+    """h5py reports a full disk as one OSError whose text spans lines (seen on a full tmpfs); the
+    build's error must stay one line naming the cause."""
+    from fastdata.cache.jobs import os_reason
+
+    h5 = OSError(None, "Can't synchronously write data (file write failed: time = Sat Dec  5 06:27:39 2026\n"
+                       ", filename = 'c/shard-00003.h5.tmp', errno = 28, error message = 'No space left on "
+                       "device', buf = 0x5, total write size = 22528)")
+    assert os_reason(h5) == "No space left on device"
+    assert os_reason(OSError(13, "Permission denied")) == "Permission denied"
+    assert os_reason(OSError("two\nlines")) == "two lines"
+
+
 def test_disk_full_mid_build_is_clear_and_resumable(image_folder, tmp_path, monkeypatch):
     import fastdata.cache.writers as writers
 
