@@ -25,45 +25,39 @@ import torch
 from _common import write
 
 
-def _center_box(w: int, h: int) -> tuple[float, float, float, float]:
-    m = min(w, h)
-    return ((w - m) / 2, (h - m) / 2, (w + m) / 2, (h + m) / 2)
-
-
-def _pil_integer_crop(im, size: int):
+def _codec_resize(im, size: int):
+    """The codec's own resize step (codecs.decode after open_rgb): its box, PIL's bilinear."""
     from PIL import Image
 
-    w, h = im.size
-    m = min(w, h)
-    left, top = (w - m) // 2, (h - m) // 2
+    from fastdata.cache.codecs import CodecConfig, _target
+
+    out, box = _target(im.width, im.height, CodecConfig(size=size))
+    return im.resize(out, Image.BILINEAR, box=box)
+
+
+def _whole_pixel_square(h: int, w: int) -> tuple[int, int, int]:
+    """(top, left, side) of the centred square cut at whole pixels: interpolate takes no source box."""
+    m = min(h, w)
+    return (h - m) // 2, (w - m) // 2, m
+
+
+def _pil_whole_pixel(im, size: int):
+    from PIL import Image
+
+    top, left, m = _whole_pixel_square(im.height, im.width)
     return im.crop((left, top, left + m, top + m)).resize((size, size), Image.BILINEAR)
 
 
-def _rows(data: list[bytes], size: int):
-    from PIL import Image
+def _torch_aa(a: np.ndarray, size: int) -> torch.Tensor:
+    top, left, m = _whole_pixel_square(a.shape[0], a.shape[1])
+    x = torch.from_numpy(a[top:top + m, left:left + m]).permute(2, 0, 1)[None]
+    x = x.contiguous(memory_format=torch.channels_last)
+    return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
 
-    from fastdata.cache.codecs import open_rgb
 
-    decoded = [open_rgb(d) for d in data]
-    arrays = [np.ascontiguousarray(np.asarray(im)) for im in decoded]
-
-    def pil_box(im):
-        return im.resize((size, size), Image.BILINEAR, box=_center_box(*im.size))
-
-    def torch_aa(a):
-        h, w, _ = a.shape
-        m = min(h, w)
-        top, left = (h - m) // 2, (w - m) // 2       # integer crop: interpolate takes no fractional box
-        x = torch.from_numpy(a[top:top + m, left:left + m]).permute(2, 0, 1)[None]
-        x = x.contiguous(memory_format=torch.channels_last)
-        return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
-
-    return {
-        "PIL decode (open_rgb)": (lambda d: open_rgb(d), data),
-        "PIL resize, centre box (the codec's)": (pil_box, decoded),
-        "torch uint8 antialiased resize, integer crop": (torch_aa, arrays),
-        "tobytes": (lambda im: im.tobytes(), [pil_box(im) for im in decoded]),
-    }, decoded, arrays, pil_box, torch_aa
+def _levels(pil_image, tensor: torch.Tensor) -> np.ndarray:
+    """|PIL - torch| per value, in 0..255 levels."""
+    return np.abs(np.asarray(pil_image, np.int16) - tensor[0].permute(1, 2, 0).numpy().astype(np.int16))
 
 
 def _time(fn, items) -> float:
@@ -76,6 +70,7 @@ def _time(fn, items) -> float:
 def main() -> None:
     from PIL import Image
 
+    from fastdata.cache.codecs import open_rgb
     from fastdata.sample import make_image_folder
 
     ap = argparse.ArgumentParser()
@@ -88,17 +83,20 @@ def main() -> None:
     try:
         src = make_image_folder(tmp / "src", max(1, a.images // 10))
         data = [p.read_bytes() for p in sorted(src.rglob("*.jpg"))][:a.images]
-        rows, decoded, arrays, pil_box, torch_aa = _rows(data, a.size)
+        decoded = [open_rgb(d) for d in data]
+        arrays = [np.ascontiguousarray(np.asarray(im)) for im in decoded]
+        rows = {
+            "PIL decode (open_rgb)": (open_rgb, data),
+            "PIL resize, centre box (the codec's)": (lambda im: _codec_resize(im, a.size), decoded),
+            "torch uint8 antialiased resize, integer crop": (lambda x: _torch_aa(x, a.size), arrays),
+            "tobytes": (lambda im: im.tobytes(), [_codec_resize(im, a.size) for im in decoded]),
+        }
         times = {k: [] for k in rows}
         for _ in range(a.rounds):
             for name, (fn, items) in rows.items():
                 times[name].append(_time(fn, items))
-        def mad(a, b):
-            return float(np.abs(np.asarray(a, np.int16) - b[0].permute(1, 2, 0).numpy().astype(np.int16)).mean())
-
-        diffs = [mad(pil_box(im), torch_aa(x)) for im, x in zip(decoded, arrays)]
-        same = np.concatenate([np.abs(np.asarray(_pil_integer_crop(im, a.size), np.int16).ravel()
-                                      - torch_aa(x)[0].permute(1, 2, 0).numpy().astype(np.int16).ravel())
+        diffs = [_levels(_codec_resize(im, a.size), _torch_aa(x, a.size)).mean() for im, x in zip(decoded, arrays)]
+        same = np.concatenate([_levels(_pil_whole_pixel(im, a.size), _torch_aa(x, a.size)).ravel()
                                for im, x in zip(decoded, arrays)])
         table = [{"part": k, "µs per image": float(np.median(v))} for k, v in times.items()]
         w, h = Image.open(io.BytesIO(data[0])).size
