@@ -62,6 +62,14 @@ def test_cache_inside_src_is_not_a_class(image_folder, tmp_path):
     assert second.manifest.num_samples == 9 and "a fastdata cache" in second.skipped
 
 
+def test_a_cache_given_as_src_is_named_as_a_cache(image_folder, tmp_path):
+    src = _tree(image_folder, tmp_path / "src")
+    build(src, tmp_path / "cache", workers=0)
+    with pytest.raises(SourceError, match=r"is a fastdata cache, not an image folder: read it with fastdata.loader"):
+        build(tmp_path / "cache", tmp_path / "again", workers=0)
+    assert not (tmp_path / "again").exists()
+
+
 def test_empty_class_folder_is_refused_unless_allowed(image_folder, tmp_path):
     src = _tree(image_folder, tmp_path / "src")
     (src / "b_empty").mkdir()

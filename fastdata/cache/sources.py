@@ -212,6 +212,10 @@ def discover(src: str | Path, images_only: bool = True, *, exclude: tuple[str | 
         except OSError as e:  # unreadable sub-folder or file: name it rather than fail with a traceback
             raise SourceError(f"SRC {src}: cannot scan {e.filename or src} ({e.strerror or e}); "
                               f"fix its permissions or point SRC at the dataset folder itself") from e
+    if not source.items and src.is_dir() and is_cache_dir(src):
+        raise SourceError(f"SRC {src} is a fastdata cache, not an image folder: read it with "
+                          f"fastdata.loader({str(src)!r}), check it with `fastdata info {src}`, or give the "
+                          f"image folder it was built from to build another cache")
     if not source.items:
         what = "image files (" + ", ".join(sorted(IMAGE_EXTS)) + ")" if images_only else "files"
         skipped = f" ({source.skipped_summary()})" if source.skipped else ""
