@@ -188,3 +188,28 @@ def test_auto_backend_takes_nvjpeg_for_a_jpeg_cache_on_a_gpu(jpeg_cache, image_f
     assert verbs._pick("auto", jpeg_cache, aug, "cpu") == "dali"
     assert verbs._pick("auto", image_folder, aug, "cuda") == "dali"
     assert verbs._pick("dali", jpeg_cache, aug, "cuda") == "dali"
+
+
+def test_a_folder_with_a_gif_is_read_by_pil_under_auto_and_refused_by_name(tmp_path, caplog):
+    """DALI's decoder reads no GIF, and one GIF failed a whole batch with a message naming no file."""
+    from PIL import Image
+
+    from fastdata import loader
+
+    rng = np.random.default_rng(0)
+    for cls in ("a", "b"):
+        (tmp_path / "src" / cls).mkdir(parents=True)
+        for k in range(3):
+            Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(tmp_path / "src" / cls / f"{k}.jpg")
+    gif = tmp_path / "src" / "b" / "moving.gif"
+    frames = [Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)) for _ in range(2)]
+    frames[0].save(gif, save_all=True, append_images=frames[1:])
+    with pytest.raises(LoaderError, match=f"1 file\\(s\\) DALI cannot decode \\(GIF\\), e.g. {gif}; use backend='pil'"):
+        loader(tmp_path / "src", 4, backend="dali", device="cpu")
+    with caplog.at_level("WARNING", logger="fastdata.loader"):
+        auto = loader(tmp_path / "src", 4, backend="auto", device="cpu", shuffle=False, augment=EVAL["augment"])
+        batches = list(auto)
+    assert "decoding with PIL instead" in caplog.text and batches[0].source == "pil-files"
+    assert sorted(torch.cat([b.labels for b in batches]).tolist()) == [0, 0, 0, 1, 1, 1, 1]
+    assert all(b.images.shape[1:] == (3, 64, 64) for b in batches)
+

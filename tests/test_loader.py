@@ -285,3 +285,10 @@ def test_resume_state_from_other_settings_is_refused(raw_cache):
     b = fastdata.loader(raw_cache, 8, device="cpu", seed=2)
     with pytest.raises(LoaderError, match="seed"):
         b.load_state_dict(a.state_dict())
+
+
+def test_batch_size_must_be_a_whole_number(raw_cache):
+    for bad in (4.0, "4", True):
+        with pytest.raises(LoaderError, match=f"batch_size={bad!r}: give a whole number"):
+            fastdata.loader(raw_cache, bad, device="cpu")
+    assert fastdata.loader(raw_cache, np.int64(8), device="cpu").cfg.batch_size == 8

@@ -14,6 +14,7 @@ its own queue depth.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 
 from ..errors import LoaderError
@@ -133,6 +134,9 @@ class LoaderConfig:
     def check(self) -> "LoaderConfig":
         if self.backend not in BACKENDS:
             raise LoaderError(f"backend {self.backend!r}: choose one of {', '.join(BACKENDS)} or auto")
+        if not isinstance(self.batch_size, numbers.Integral) or isinstance(self.batch_size, bool):
+            raise LoaderError(f"batch_size={self.batch_size!r}: give a whole number of samples, e.g. "
+                              f"batch_size=int(...)")
         if self.batch_size < 1:
             raise LoaderError(f"batch_size={self.batch_size}: must be at least 1")
         if self.reader_threads < 1 or self.read_ahead < 1:

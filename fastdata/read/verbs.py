@@ -13,19 +13,23 @@ cache.sources.Source. backend "auto" picks:
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import logging
+import numbers
 from pathlib import Path
 
 import torch
 
 from ..errors import LoaderError
 from .augment import AugmentConfig
-from .config import BACKENDS, LoaderConfig, split_options
+from .config import BACKENDS, DecodeOptions, LoaderConfig, split_options
 from .core import Loader, resolve_device
 from .reader import Cache, open_cache
 from ..stores.s3 import is_url
 from .select import is_cache
 
+log = logging.getLogger("fastdata.loader")
 LEGACY = {"cache": "raw"}          # wave-1 names; "cpu" is resolved by choose_backend
 
 
@@ -85,7 +89,27 @@ def _pick(backend: str, data, augment, device: str) -> str:
     return chosen
 
 
-def _make_backend(data, cfg: LoaderConfig, device: torch.device):
+# formats PIL (and so the build and backend pil) reads but DALI's image decoder does not: one such file
+# fails a whole DALI batch, with a message that names no file
+DALI_UNREADABLE = (".gif",)
+
+
+def _away_from_dali(source, cfg: LoaderConfig, requested: str) -> LoaderConfig:
+    """cfg, or backend pil where the inputs hold files DALI cannot decode: chosen by auto/cpu, PIL reads
+    them (with a warning that says why); asked for by name, a LoaderError names them."""
+    refused = [it.path for it in source.items or () if it.key.lower().endswith(DALI_UNREADABLE)]
+    if not refused:
+        return cfg
+    what = f"{len(refused)} file(s) DALI cannot decode (GIF), e.g. {refused[0]}"
+    if requested == "dali":
+        raise LoaderError(f"{source.path}: {what}; use backend='pil', convert them, or build a cache with "
+                          f"`fastdata build-cache` (which decodes GIFs)")
+    log.warning("fastdata.loader: %s: %s; decoding with PIL instead (backend='pil'); build a cache with "
+                "`fastdata build-cache` for speed", source.path, what)
+    return dataclasses.replace(cfg, backend="pil", options=DecodeOptions(integrity=cfg.options.integrity)).check()
+
+
+def _make_backend(data, cfg: LoaderConfig, device: torch.device, requested: str = "auto"):
     if cfg.backend == "raw":
         from .backends.raw import RawBackend
 
@@ -99,6 +123,8 @@ def _make_backend(data, cfg: LoaderConfig, device: torch.device):
     from .encoded import EncodedSource
 
     source = EncodedSource(data.path if isinstance(data, Cache) else data, cfg.options.integrity)
+    if cfg.backend == "dali":
+        cfg = _away_from_dali(source, cfg, requested)
     if cfg.backend == "pil":
         from .backends.pil import PilBackend as cls
     elif cfg.backend == "nvjpeg":
@@ -125,10 +151,13 @@ def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto"
     if name != "raw" and augment is None:
         augment = AugmentConfig()
     dev = torch.device("cpu") if name == "pil" and device == "auto" else resolve_device(device)
+    if isinstance(batch_size, numbers.Integral) and not isinstance(batch_size, bool):
+        batch_size = int(batch_size)    # numpy's integers too (checked in LoaderConfig.check)
     cfg = LoaderConfig(batch_size=batch_size, backend=name, device=str(dev), shuffle=shuffle, seed=seed,
                        drop_last=drop_last, augment=augment, threads=threads, prefetch=prefetch, rank=rank,
                        world_size=world_size, options=split_options(name, options)).check()
-    return Loader(_make_backend(data, cfg, dev), cfg)
+    chosen = _make_backend(data, cfg, dev, LEGACY.get(backend, backend))
+    return Loader(chosen, chosen.cfg)     # (the backend's cfg: a folder DALI cannot read goes to pil)
 
 
 def decode_loader(path, batch_size: int, *, backend: str = "auto", image_size: int = 224, seed: int = 0,
