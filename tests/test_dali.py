@@ -213,3 +213,17 @@ def test_a_folder_with_a_gif_is_read_by_pil_under_auto_and_refused_by_name(tmp_p
     assert sorted(torch.cat([b.labels for b in batches]).tolist()) == [0, 0, 0, 1, 1, 1, 1]
     assert all(b.images.shape[1:] == (3, 64, 64) for b in batches)
 
+
+
+def test_a_file_dali_cannot_read_but_pil_can_gets_a_message_that_says_so(tmp_path):
+    """A 1-bit TIFF: DALI's decoder fails the batch (nvImageCodec names no file), PIL reads it."""
+    from PIL import Image
+
+    from fastdata import loader
+
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 48, 3), dtype=np.uint8)).convert("1").save(
+        tmp_path / "src" / "a" / "bw.tif")
+    with pytest.raises(LoaderError, match="though PIL decodes each image of it .*use backend='pil'"):
+        list(loader(tmp_path / "src", 1, backend="dali", device="cpu"))
+    assert len(list(loader(tmp_path / "src", 1, backend="pil", device="cpu"))) == 1

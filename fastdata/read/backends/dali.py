@@ -232,7 +232,9 @@ class DaliBackend(BaseBackend):
             batch_no = self.order.position // self.cfg.batch_size
             ahead = list(islice(lane.fed, self.cfg.read_ahead + 2))    # the batches DALI was working on
             bad = undecodable(self.encoded, np.concatenate([p.idx for p in ahead]) if ahead else [])
-            what = f"cannot decode {', '.join(bad)}" if bad else "DALI failed"
-            raise LoaderError(f"{self.encoded.path}: {what} (batch {batch_no} of epoch {self.order.epoch}); remove "
-                              f"or replace it, or build a cache with `fastdata build-cache`, which quarantines "
-                              f"bad images. DALI said: {_dali_reason(e)}") from e
+            where = f"(batch {batch_no} of epoch {self.order.epoch})"
+            fix = (f"cannot decode {', '.join(bad)} {where}; remove or replace it, or build a cache with "
+                   f"`fastdata build-cache`, which quarantines bad images" if bad else
+                   f"DALI failed {where}, though PIL decodes each image of it (a format DALI does not read); "
+                   f"use backend='pil', or build a cache with `fastdata build-cache`, which decodes with PIL")
+            raise LoaderError(f"{self.encoded.path}: {fix}. DALI said: {_dali_reason(e)}") from e
