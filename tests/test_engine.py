@@ -256,3 +256,12 @@ def test_engine_does_not_augment_uint8_batches_and_says_what_to_do(raw_cache):
     dl = fastdata.loader(raw_cache, 8, device="cpu", augment=AugmentConfig(size=32))
     engine.train_step(next(iter(dl)))
     assert engine.global_step == 1
+
+
+def test_a_model_function_that_cannot_take_num_classes_is_named():
+    from fastdata.engine.models import resolve_model
+    from fastdata.errors import EngineError
+
+    with pytest.raises(EngineError, match=r"--model os:getcwd: cannot be called as getcwd\(num_classes=3\)"):
+        resolve_model("os:getcwd", 3)
+    assert resolve_model("fastdata.engine.models:SmallNet", 3).head.out_features == 3

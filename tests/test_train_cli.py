@@ -201,3 +201,14 @@ def test_make_demo_runs_the_whole_path(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path / "s"), "--per-class", "4", "--steps", "3"]) == 0
     out = capsys.readouterr().out
     assert "build:" in out and "coverage" in out and "train: 3 steps" in out
+
+
+def test_steps_alone_trains_that_many_steps_across_epochs(raw_cache, tmp_path, capsys):
+    """120 samples in batches of 8 are 15 steps an epoch: --steps 20 alone runs into a second epoch
+    (Lightning's max_steps), --epochs 1 beside it still ends the run at the epoch's end."""
+    assert main(_train(raw_cache, tmp_path / "a", "--steps", "20")) == 0
+    assert "trained 20 steps" in capsys.readouterr().out and _step(tmp_path / "a" / "last.pt") == 20
+    assert main(_train(raw_cache, tmp_path / "b", "--steps", "20", "--epochs", "1")) == 0
+    assert "trained 15 steps" in capsys.readouterr().out and _step(tmp_path / "b" / "last.pt") == 15
+    assert main(_train(raw_cache, tmp_path / "c", "--steps", "3")) == 0
+    assert "no rate: every step was a warm-up step" in capsys.readouterr().out

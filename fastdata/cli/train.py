@@ -24,8 +24,9 @@ def add_cli(sub, commands: dict) -> None:
                    help="training crop size in pixels")
     p.add_argument("--steps", type=int, default=None,
                    help="stop when the run reaches this many optimizer steps in total")
-    p.add_argument("--epochs", type=int, default=1,
-                   help="epochs in total (a resumed run trains only the rest)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs in total (a resumed run trains only the rest); default 1, or as many as "
+                        "--steps needs when --steps is given")
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32", "tf32"),
                    help="autocast precision; batches ship in the matching dtype")
     p.add_argument("--compile", default="off", choices=("off", "default", "max-autotune", "reduce-overhead"),
@@ -101,6 +102,14 @@ def _stop_on_signals(engine):
             signal.signal(s, h)
 
 
+def _epochs(a) -> int:
+    """--epochs, else 1, or unbounded when --steps is given (Lightning's max_steps convention): a run
+    asked for N steps trains N steps, however many epochs that takes."""
+    if a.epochs is not None:
+        return a.epochs
+    return 1 if a.steps is None else sys.maxsize
+
+
 def run_train(a) -> int:
     from .assemble import RunConfig, assemble
 
@@ -113,7 +122,7 @@ def run_train(a) -> int:
         engine.load(resume, loader, trust=a.trust_checkpoint)
     start = engine.global_step
     with _stop_on_signals(engine):   # --epochs is a total, as --steps is: a resumed run trains the rest
-        report = engine.fit(loader, steps=a.steps, epochs=max(0, a.epochs - engine.epoch))
+        report = engine.fit(loader, steps=a.steps, epochs=max(0, _epochs(a) - engine.epoch))
     saved = engine.save(f"{cfg.ckpt_dir}/last.pt", loader) if cfg.ckpt_dir and engine.global_step > start else None
     report.update({"batch_size": int(bs), "batch_curve": curve, "source": getattr(loader, "source", "")})
     if a.json:
@@ -128,8 +137,9 @@ def run_train(a) -> int:
         print(f"nothing to train: the run is at step {start}, epoch {engine.epoch} (limits --steps {a.steps}, "
               f"--epochs {a.epochs}); the checkpoint is left as it is")
         return 0
-    print(f"trained {report['steps']} steps: {report['img_per_s']:.0f} img/s, data wait "
-          f"{report['data_wait_frac']:.0%}, loss {report['loss']:.4f}, cuda_graph={report['cuda_graph']}")
+    rate = (f"{report['img_per_s']:.0f} img/s, data wait {report['data_wait_frac']:.0%}" if report["timed_steps"]
+            else "no rate: every step was a warm-up step (the first 5 are not timed)")
+    print(f"trained {report['steps']} steps: {rate}, loss {report['loss']:.4f}, cuda_graph={report['cuda_graph']}")
     return 0
 
 

@@ -7,6 +7,7 @@ layer names). Any "module:function" returning an nn.Module is accepted too.
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import torch
 from torch import nn
@@ -107,6 +108,13 @@ def resolve_model(name: str, num_classes: int) -> nn.Module:
             factory = getattr(importlib.import_module(mod), fn)
         except (ImportError, AttributeError) as e:
             raise EngineError(f"--model {name}: cannot import ({e}); give module:function on PYTHONPATH") from e
+        try:   # its own errors keep their traceback; a function that cannot take num_classes= is named
+            inspect.signature(factory).bind(num_classes=num_classes)
+        except TypeError as e:
+            raise EngineError(f"--model {name}: cannot be called as {fn}(num_classes={num_classes}) ({e}); give "
+                              f"a function that takes num_classes= and returns an nn.Module") from None
+        except ValueError:    # a builtin without a signature: call it and see
+            pass
         model = factory(num_classes=num_classes)
         if not isinstance(model, nn.Module):
             raise EngineError(f"--model {name}: returned {type(model).__name__}, not an nn.Module")

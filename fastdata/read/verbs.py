@@ -104,7 +104,7 @@ def _away_from_dali(source, cfg: LoaderConfig, requested: str) -> LoaderConfig:
     if requested == "dali":
         raise LoaderError(f"{source.path}: {what}; use backend='pil', convert them, or build a cache with "
                           f"`fastdata build-cache` (which decodes GIFs)")
-    log.warning("fastdata.loader: %s: %s; decoding with PIL instead (backend='pil'); build a cache with "
+    log.warning("%s: %s; decoding with PIL instead (backend='pil'); build a cache with "
                 "`fastdata build-cache` for speed", source.path, what)
     return dataclasses.replace(cfg, backend="pil", options=DecodeOptions(integrity=cfg.options.integrity)).check()
 
