@@ -74,6 +74,29 @@ def test_a_command_that_is_not_python_is_a_clear_error(capsys):
     assert "wrote no doctor report" in capsys.readouterr().err
 
 
+def test_a_script_that_trains_nothing_gets_no_verdict(tmp_path, capsys):
+    """It used to be called compute-bound from zero steps and zero batches."""
+    script = tmp_path / "quits.py"
+    script.write_text("import torch\nraise SystemExit(3)\n")
+    assert main(["doctor", "--", sys.executable, str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "(exit 3) took no batch from a DataLoader and made no optimizer step" in err and "verdict" not in err
+
+
+def test_another_interpreter_is_named_when_the_doctor_cannot_attach(tmp_path):
+    """The command's python cannot import fastdata: the child says which interpreter has it."""
+    import os
+    import subprocess
+
+    from fastdata.monitor.bootstrap import write_sitecustomize
+
+    write_sitecustomize(str(tmp_path))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "FASTDATA_DOCTOR_REPORT": str(tmp_path / "r.json")}
+    out = subprocess.run([sys.executable, "-S", "-c", "import sitecustomize"], env=env, capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert "cannot import fastdata" in out.stderr and f"e.g. {sys.executable} train.py" in out.stderr
+
+
 def test_planted_case_scripts_are_plain_user_scripts():
     cases = Path(__file__).resolve().parents[1] / "benchmarks" / "doctor_cases"
     for p in cases.glob("*.py"):

@@ -59,6 +59,10 @@ def _wrapped(a):
                                 f"process, or it exited before its first batch; run it as `fastdata doctor -- "
                                 f"python train.py ...`")
         m = read_report(path)
+    if not m.get("steps") and not m.get("batches"):
+        raise FastdataError(f"`{' '.join(a.command)}` (exit {rc}) took no batch from a DataLoader and made no "
+                            f"optimizer step, so there is nothing to diagnose; give the command that trains "
+                            f"(its loop iterates a DataLoader or calls optimizer.step())")
     m.update(_window_gpu(sampler, m.pop("window_monotonic", None)))
     return diagnose(m)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import sys
 
 from .script import ScriptState, timed
 
@@ -102,6 +103,10 @@ def write_sitecustomize(folder: str) -> None:
     """The folder the doctor puts first on PYTHONPATH for the child process."""
     with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
         f.write("try:\n    from fastdata.monitor.bootstrap import install\n    install()\n"
+                "except ImportError as e:  # another interpreter than fastdata's: say which, and which has it\n"
+                "    import sys\n    print(f'fastdata doctor: not attached: {sys.executable} cannot import fastdata "
+                f"({{e}}); run the command with the Python fastdata is installed in, e.g. {sys.executable} "
+                "train.py, or activate that environment first', file=sys.stderr)\n"
                 "except Exception as e:  # never break the user's script\n"
                 "    import sys\n    print(f'fastdata doctor: not attached ({e})', file=sys.stderr)\n")
 
