@@ -1,6 +1,7 @@
 """Small shared helpers: atomic writes, usable CPUs, byte-size parsing, hashing."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -33,11 +34,24 @@ def usable_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+# fsync of a folder, where a filesystem does not do it (CIFS/SMB, some FUSE and NFS mounts): the
+# rename is then as durable as that filesystem makes it, and the build goes on
+_NO_DIR_FSYNC = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF, errno.ENOSYS, errno.EACCES}
+
+
 def fsync_dir(path: Path) -> None:
-    """fsync a directory so a rename inside it survives a power cut."""
-    fd = os.open(path, os.O_RDONLY)
+    """fsync a directory so a rename inside it survives a power cut (where the filesystem can)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        if e.errno in _NO_DIR_FSYNC:
+            return
+        raise
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno not in _NO_DIR_FSYNC:
+            raise
     finally:
         os.close(fd)
 

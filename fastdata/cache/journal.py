@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from .._util import file_sha256, write_json_atomic
 from ..errors import BuildError
 from .format import ShardInfo
 
+log = logging.getLogger("fastdata.build")
 BUILD_DIR = ".build"
 JOURNAL = f"{BUILD_DIR}/journal.json"
 
@@ -31,6 +33,7 @@ class BuildLock:
     def __init__(self, dest: Path) -> None:
         self.path = dest / BUILD_DIR / "lock"
         self._fd: int | None = None
+        self.locked = True      # False where the filesystem has no flock (the build goes on, with a warning)
 
     def __enter__(self) -> "BuildLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,6 +45,12 @@ class BuildLock:
             holder = self.path.read_text().strip() or "another process"
             raise BuildError(f"{self.path.parent.parent}: another build is writing here ({holder}); "
                              f"wait for it to finish or choose another DEST") from None
+        except OSError as e:   # no flock on this filesystem: Lustre mounted noflock (ENOSYS), NFS without
+            #                    lockd (ENOLCK), some FUSE mounts (EOPNOTSUPP). The build itself needs no lock
+            self.locked = False
+            log.warning("%s: this filesystem does not support file locks (%s), so a second build started "
+                        "into the same DEST would not be refused: run one build at a time here",
+                        self.path.parent.parent, e.strerror or e)
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()}".encode())
         self._fd = fd
@@ -49,7 +58,8 @@ class BuildLock:
 
     def __exit__(self, *exc) -> None:
         if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            if self.locked:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
 

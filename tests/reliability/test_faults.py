@@ -94,6 +94,45 @@ def test_disk_full_mid_build_is_clear_and_resumable(image_folder, tmp_path, monk
     assert _hashes(dest) == _hashes(tmp_path / "clean")
 
 
+def test_a_filesystem_without_flock_or_folder_fsync_still_builds(image_folder, tmp_path, monkeypatch, caplog):
+    """Lustre mounted noflock answers flock with ENOSYS, NFS without lockd with ENOLCK, and CIFS or some
+    FUSE mounts refuse fsync on a folder (EINVAL): each was a traceback before any shard was written."""
+    import errno
+    import fcntl
+    import os
+
+    import fastdata._util as util
+    import fastdata.cache.journal as journal
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    real_fsync = os.fsync
+
+    def no_dir_fsync(fd):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(journal.fcntl, "flock", no_flock)
+    monkeypatch.setattr(util.os, "fsync", no_dir_fsync)
+    with caplog.at_level("WARNING", logger="fastdata.build"):
+        res = build(image_folder, tmp_path / "c", workers=0, shard_size="60KB")
+    assert "does not support file locks (Function not implemented)" in caplog.text
+    assert res.manifest.num_samples == 120 and (tmp_path / "c" / "manifest.json").exists()
+    monkeypatch.setattr(journal.fcntl, "flock", fcntl.flock)
+    monkeypatch.setattr(util.os, "fsync", real_fsync)
+    build(image_folder, tmp_path / "clean", workers=0, shard_size="60KB")
+    assert _hashes(tmp_path / "c") == _hashes(tmp_path / "clean")
+
+    def broken_disk(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(util.os, "fsync", broken_disk)     # a real I/O error still stops the build
+    with pytest.raises(BuildError, match="Input/output error"):
+        build(image_folder, tmp_path / "eio", workers=0, shard_size="60KB")
+
+
 def test_every_single_byte_flip_is_found(image_folder, tmp_path):
     dest = tmp_path / "c"
     build(image_folder, dest, workers=0)
