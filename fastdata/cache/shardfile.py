@@ -64,7 +64,9 @@ class Shard:
 def _open_h5(path: Path) -> Shard:
     import h5py
 
-    with h5py.File(path, "r") as f:
+    # no HDF5 file locking: a shard is immutable once renamed into place (the build holds its own lock),
+    # and NFS without lockd (ENOLCK) or Lustre without flock refused every open with "unable to lock file"
+    with h5py.File(path, "r", locking=False) as f:
         ds = f["data"]
         if ds.dtype != np.uint8 or h5py.check_string_dtype(f["keys"].dtype) is None:   # references, objects
             raise ValueError(f"data is {ds.dtype}, keys are {f['keys'].dtype}: not a fastdata shard")

@@ -82,7 +82,7 @@ class H5ShardWriter(ShardWriter):
     def _write(self, arrays: dict) -> None:
         import h5py
 
-        with h5py.File(self.tmp, "w") as f:
+        with h5py.File(self.tmp, "w", locking=False) as f:   # (see shardfile._open_h5)
             f.attrs["format_version"] = FORMAT_VERSION
             for name, arr in arrays.items():
                 if name == "keys":   # bytes, so that non-UTF-8 file names (surrogate escapes) survive

@@ -99,7 +99,6 @@ def test_a_filesystem_without_flock_or_folder_fsync_still_builds(image_folder, t
     FUSE mounts refuse fsync on a folder (EINVAL): each was a traceback before any shard was written."""
     import errno
     import fcntl
-    import os
 
     import fastdata._util as util
     import fastdata.cache.journal as journal
@@ -131,6 +130,28 @@ def test_a_filesystem_without_flock_or_folder_fsync_still_builds(image_folder, t
     monkeypatch.setattr(util.os, "fsync", broken_disk)     # a real I/O error still stops the build
     with pytest.raises(BuildError, match="Input/output error"):
         build(image_folder, tmp_path / "eio", workers=0, shard_size="60KB")
+
+
+def test_shards_build_and_read_where_every_flock_fails(image_folder, tmp_path):
+    """NFS without lockd: every flock() is ENOLCK. HDF5 locks each file it opens unless told not to, so
+    the build failed with 'cannot write shard (No locks available); free space ...' and the loader
+    called an intact cache damaged. flock is made to fail for real, in C, under LD_PRELOAD."""
+    import shutil
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the flock shim")
+    shim = tmp_path / "noflock.c"
+    shim.write_text("#include <errno.h>\nint flock(int fd, int op) { errno = ENOLCK; return -1; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "noflock.so"), str(shim)], check=True)
+    code = ("import sys, fastdata\n"
+            "from fastdata.cache.build import BuildConfig, build_cache\n"
+            "build_cache(BuildConfig(src=sys.argv[1], dest=sys.argv[2], size=32, workers=0, progress=False))\n"
+            "print(sum(len(b[1]) for b in fastdata.loader(sys.argv[2], 16, device='cpu')))\n")
+    env = {**os.environ, "LD_PRELOAD": str(tmp_path / "noflock.so")}
+    out = subprocess.run([sys.executable, "-c", code, str(image_folder), str(tmp_path / "c")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["120"] and "does not support file locks (No locks available)" in out.stderr
 
 
 def test_every_single_byte_flip_is_found(image_folder, tmp_path):
