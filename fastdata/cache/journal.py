@@ -36,8 +36,13 @@ class BuildLock:
         self.locked = True      # False where the filesystem has no flock (the build goes on, with a warning)
 
     def __enter__(self) -> "BuildLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:   # a read-only mount or another user's cache: nothing was written
+            raise BuildError(f"DEST {self.path.parent.parent} is not writable ({e.strerror or e}); a build writes "
+                             f"there even to confirm a finished cache: choose a folder you can write to, or "
+                             f"check this cache with `fastdata verify {self.path.parent.parent}`") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

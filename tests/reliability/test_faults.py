@@ -154,6 +154,26 @@ def test_shards_build_and_read_where_every_flock_fails(image_folder, tmp_path):
     assert out.stdout.split() == ["120"] and "does not support file locks (No locks available)" in out.stderr
 
 
+def test_a_finished_cache_on_a_read_only_mount_is_a_one_line_error(image_folder, tmp_path, monkeypatch):
+    """Rerunning the build of a cache now mounted read-only raised OSError from the build lock."""
+    import errno
+
+    import fastdata.cache.journal as journal
+
+    build(image_folder, tmp_path / "c", workers=0)
+    real_open = journal.os.open
+
+    def read_only(path, flags, *mode):
+        if flags & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *mode)
+
+    monkeypatch.setattr(journal.os, "open", read_only)
+    with pytest.raises(BuildError, match=r"DEST .*c is not writable \(Read-only file system\).*fastdata verify"):
+        build(image_folder, tmp_path / "c", workers=0)
+    assert verify_cache(tmp_path / "c").ok
+
+
 def test_every_single_byte_flip_is_found(image_folder, tmp_path):
     dest = tmp_path / "c"
     build(image_folder, dest, workers=0)
