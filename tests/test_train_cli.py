@@ -212,3 +212,30 @@ def test_steps_alone_trains_that_many_steps_across_epochs(raw_cache, tmp_path, c
     assert "trained 15 steps" in capsys.readouterr().out and _step(tmp_path / "b" / "last.pt") == 15
     assert main(_train(raw_cache, tmp_path / "c", "--steps", "3")) == 0
     assert "no rate: every step was a warm-up step" in capsys.readouterr().out
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_previous_one(tmp_path, monkeypatch):
+    import fastdata.engine.checkpoint as checkpoint
+
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, {"step": 1})
+    before = path.read_bytes()
+
+    def full(obj, f):
+        Path(f).write_bytes(b"PK half a zip")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(CheckpointError, match=r"last.pt: cannot save checkpoint \(No space left on device\); "
+                                              r"the previous checkpoint there is intact"):
+        save_checkpoint(path, {"step": 2})
+    assert path.read_bytes() == before and not (tmp_path / "last.pt.tmp").exists()
+
+
+def test_an_unwritable_ckpt_dir_stops_the_run_before_it_trains(raw_cache, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    assert main(_train(raw_cache, blocker / "ck", "--steps", "2")) == 2
+    err = capsys.readouterr().err
+    assert f"{blocker / 'ck'}: cannot write checkpoints there" in err and "choose another --ckpt-dir" in err
+    assert "step 1 loss" not in err

@@ -114,6 +114,12 @@ def run_train(a) -> int:
     from .assemble import RunConfig, assemble
 
     cfg = _config(a)
+    if cfg.ckpt_dir:
+        from pathlib import Path
+
+        from ..engine.checkpoint import ensure_writable
+
+        ensure_writable(Path(cfg.ckpt_dir))
     run = assemble(RunConfig(data=a.data, model=a.model, batch_size=a.batch_size, backend=a.backend,
                              image_size=a.image_size, seed=a.seed, engine=cfg))
     engine, loader, bs, curve = run.engine, run.loader, run.batch_size, run.batch_curve

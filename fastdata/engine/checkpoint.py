@@ -16,9 +16,11 @@ before, once, with full unpickling: only for files from a trusted source.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import random
 import re
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -67,14 +69,44 @@ def saved_step(path: Path) -> int | None:
 def save_checkpoint(path: str | Path, state: dict) -> Path | None:
     """Write state atomically; returns None (and writes nothing) when path holds a later step."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_writable(path.parent)
     if path.exists() and (prev := saved_step(path)) is not None and prev > state["step"]:
         log.warning("%s holds step %d, later than this run's step %d: left as it is", path, prev, state["step"])
         return None
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    atomic_replace(tmp, path)
+    try:
+        torch.save(state, tmp)
+        atomic_replace(tmp, path)
+    except (OSError, RuntimeError) as e:   # a full disk surfaces from torch's zip writer as RuntimeError
+        tmp.unlink(missing_ok=True)        # (ours: the half-written file); the previous checkpoint stays
+        why = e.strerror if isinstance(e, OSError) and e.strerror else _disk_reason(path.parent, e)
+        kept = "the previous checkpoint there is intact" if path.exists() else "nothing was saved"
+        raise CheckpointError(f"{path}: cannot save checkpoint ({why}); {kept}: free space or choose another "
+                              f"--ckpt-dir, then rerun to resume") from None
     return path
+
+
+def _disk_reason(folder: Path, e: Exception) -> str:
+    """torch's zip writer reports a full disk as 'unexpected pos ...': say so when the disk is full."""
+    try:
+        st = os.statvfs(folder)
+        if st.f_bavail * st.f_frsize < (1 << 20):
+            return "No space left on device"
+    except OSError:
+        pass
+    return " ".join(str(e).split())[:200]
+
+
+def ensure_writable(folder: Path) -> None:
+    """Make the checkpoint folder and write a probe file there: a run that cannot save learns it
+    before it trains, not at its first checkpoint hours later."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".fastdata-probe-"):
+            pass
+    except OSError as e:
+        raise CheckpointError(f"{folder}: cannot write checkpoints there ({e.strerror or e}); choose another "
+                              f"--ckpt-dir") from None
 
 
 def load_checkpoint(path: str | Path, map_location="cpu", *, trust: bool = False) -> dict:
