@@ -262,3 +262,33 @@ def test_every_option_has_help_text():
     missing = [f"{name} {a.option_strings or a.dest}" for name, p in sub.choices.items() for a in p._actions
                if a.help is None]
     assert not missing, missing
+
+
+def test_pipes_and_links_to_devices_are_skipped_not_read(image_folder, tmp_path):
+    """A FIFO blocked the build at open() forever, and a .jpg link to /dev/zero read until memory ran
+    out; a file list naming either is refused by line. Run in a child with a timeout: a regression hangs."""
+    import subprocess
+    import sys
+
+    src = _tree(image_folder, tmp_path / "src")
+    os.mkfifo(src / "a" / "pipe.jpg")
+    os.symlink("/dev/zero", src / "b" / "zero.jpg")
+    code = ("import sys; from fastdata.cache.build import BuildConfig, build_cache\n"
+            "r = build_cache(BuildConfig(src=sys.argv[1], dest=sys.argv[2], workers=0, progress=False))\n"
+            "print(r.manifest.num_samples, '|', r.skipped)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(src), str(tmp_path / "c")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("9 |") and "2 not a regular file" in out.stdout
+    listing = tmp_path / "list.csv"
+    listing.write_text(f"path,label\n{src / 'a' / 'x.jpg'},a\n{src / 'b' / 'zero.jpg'},b\n")
+    (src / "a" / "x.jpg").write_bytes(next((image_folder).rglob("*.jpg")).read_bytes())
+    with pytest.raises(SourceError, match=r"line 3 names .*zero.jpg, which is not a regular file"):
+        build(listing, tmp_path / "c2", workers=0)
+
+
+def test_an_input_swapped_for_a_pipe_after_discovery_is_quarantined(tmp_path):
+    from fastdata.cache.codecs import read_file
+
+    os.mkfifo(tmp_path / "late.jpg")
+    assert read_file(str(tmp_path / "late.jpg")) == "not a regular file (a device, pipe or socket): not read"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import zlib
 from dataclasses import dataclass
 
@@ -118,6 +119,8 @@ def read_file(path: str, span: tuple[int, int] | None = None) -> bytes | str:
     """An input file's bytes, or the reason it is quarantined. span: (offset, size) of the input
     inside path (a tar member), read with one pread."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):   # before open: a pipe blocks there, a device never ends
+            return "not a regular file (a device, pipe or socket): not read"
         with open(path, "rb") as f:
             return f.read() if span is None else os.pread(f.fileno(), span[1], span[0])
     except OSError as e:

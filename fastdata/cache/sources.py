@@ -94,7 +94,8 @@ class _Scan:
             elif e.is_dir(follow_symlinks=True):
                 if self._enter(e.path, key, ancestors):
                     out += self.walk(e.path, key, ancestors | {os.path.realpath(e.path)})
-            elif e.is_file(follow_symlinks=True) or e.is_symlink():   # a dangling link is kept: see above
+            elif e.is_file(follow_symlinks=True) or (e.is_symlink() and not os.path.exists(e.path)):
+                # (a dangling link is kept: see above; one to a device or pipe is not: /dev/zero never ends)
                 if self.wanted(e.name):
                     out.append((e.path, key))
                 else:
@@ -149,6 +150,9 @@ def _from_list(src: Path) -> Source:
     for lineno, path, name in rows:
         p = Path(path)
         p = p if p.is_absolute() else (src.parent / p)
+        if p.exists() and not p.is_file():
+            raise SourceError(f"{src}: line {lineno} names {p}, which is not a regular file (a folder, device or "
+                              f"pipe); fix or remove that line")
         if not p.is_file() and not p.is_symlink():
             raise SourceError(f"{src}: line {lineno} names {p}, which does not exist; fix or remove that line")
         items.append(Item(str(p), path, label_map[name]))
