@@ -292,3 +292,25 @@ def test_an_input_swapped_for_a_pipe_after_discovery_is_quarantined(tmp_path):
 
     os.mkfifo(tmp_path / "late.jpg")
     assert read_file(str(tmp_path / "late.jpg")) == "not a regular file (a device, pipe or socket): not read"
+
+
+def test_a_jpeg_over_pils_pixel_limit_is_built_at_reduced_scale(tmp_path, monkeypatch):
+    """A 200-megapixel phone photo is over PIL's decompression-bomb limit (2 x 89.5M pixels), which refused
+    it before reading a pixel. libjpeg's 1/8-scale decode needs a few MB, so where the target size allows
+    it the JPEG is built; a PNG that large, or a target too big for the draft, is still quarantined."""
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000_000)     # the same rule, at test scale
+    yy, xx = np.mgrid[0:1000, 0:3000]
+    arr = np.stack([xx * 255 // 2999, yy * 255 // 999, (xx // 100 + yy // 100) % 2 * 255], -1).astype(np.uint8)
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    Image.fromarray(arr).save(tmp_path / "src" / "a" / "huge.jpg", quality=90)
+    Image.fromarray(arr).save(tmp_path / "src" / "a" / "huge.png")
+    m = build(tmp_path / "src", tmp_path / "c", workers=0, size=64).manifest
+    assert m.num_samples == 1 and [q["path"] for q in m.quarantined] == ["a/huge.png"]
+    assert "decompression bomb" in m.quarantined[0]["reason"]
+    ref = np.asarray(Image.fromarray(arr[:, 1000:2000]).resize((64, 64), Image.BILINEAR), dtype=np.int16)
+    got = CacheDataset(tmp_path / "c")[0][0].numpy().astype(np.int16)
+    assert np.abs(got - ref).mean() < 4      # the same picture: ramps and a checkerboard, drafted
+    with pytest.raises(BuildError, match="no input could be decoded"):   # 900 px: no draft applies
+        build(tmp_path / "src", tmp_path / "c900", workers=0, size=900)
