@@ -265,3 +265,31 @@ def test_a_model_function_that_cannot_take_num_classes_is_named():
     with pytest.raises(EngineError, match=r"--model os:getcwd: cannot be called as getcwd\(num_classes=3\)"):
         resolve_model("os:getcwd", 3)
     assert resolve_model("fastdata.engine.models:SmallNet", 3).head.out_features == 3
+
+
+def test_an_output_object_with_logits_trains_like_the_tensor_and_a_tuple_is_refused():
+    """Hugging Face-style outputs carry .logits; Inception's (logits, aux) is the model's own recipe."""
+    from types import SimpleNamespace
+
+    class WithLogits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = tiny_net()
+
+        def forward(self, x):
+            return SimpleNamespace(logits=self.net(x), hidden=None)
+
+    class Pair(WithLogits):
+        def forward(self, x):
+            out = self.net(x)
+            return out, out
+
+    data = _fixed_batches(2, 8)
+    cfg = EngineConfig(precision="fp32", channels_last=False, lr=0.1)
+    a, b = Engine(WithLogits(), cfg), Engine(tiny_net(), cfg)
+    a.fit(data)
+    b.fit(data)
+    for pa, pb in zip(a.model.net.parameters(), b.model.parameters()):
+        assert torch.equal(pa, pb)
+    with pytest.raises(EngineError, match="the model returned tuple, not a logits tensor"):
+        Engine(Pair(), cfg).fit(data)

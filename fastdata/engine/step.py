@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import EngineError
 from .config import EngineConfig
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -60,6 +61,20 @@ class StepState:
         self.micro_steps = 0
 
 
+def logits_of(out) -> torch.Tensor:
+    """The (N, classes) logits of a model's output: a tensor, or an output object with .logits (Hugging
+    Face, timm wrappers). Anything else (Inception's (logits, aux) tuple, a dict) is refused by name:
+    which part is the loss's, and with what weight, is the model's recipe, not a guess to make here."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    raise EngineError(f"the model returned {type(out).__name__}, not a logits tensor: the engine trains with "
+                      f"cross-entropy on (N, classes) logits; wrap the model so that forward returns them "
+                      f"(e.g. for Inception's aux output, return the main logits, or eval-mode outputs)")
+
+
 class TrainStep:
     """forward+backward per micro-batch; optimizer step at the end of each accumulation window."""
 
@@ -71,7 +86,7 @@ class TrainStep:
         """Backward of loss / window; gradients accumulate until apply(). `model` overrides the module
         used for this micro-batch (the eager twin of a compiled model, sharing its parameters)."""
         with autocast(self.cfg, self.device):
-            loss = F.cross_entropy((model or self.model)(images), labels)
+            loss = F.cross_entropy(logits_of((model or self.model)(images)), labels)
         self.scaler.scale(loss / window).backward()
         detached = loss.detach().float()
         self.state.loss_sum.add_(torch.nan_to_num(detached, nan=0.0, posinf=0.0, neginf=0.0))
