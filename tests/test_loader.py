@@ -292,3 +292,15 @@ def test_batch_size_must_be_a_whole_number(raw_cache):
         with pytest.raises(LoaderError, match=f"batch_size={bad!r}: give a whole number"):
             fastdata.loader(raw_cache, bad, device="cpu")
     assert fastdata.loader(raw_cache, np.int64(8), device="cpu").cfg.batch_size == 8
+
+
+def test_a_bytes_cache_is_pointed_to_cachedataset_by_every_backend(image_folder, tmp_path):
+    """Each backend used to send the user to the other ("read it with backend raw" / "use pil")."""
+    from helpers import build
+
+    build(image_folder, tmp_path / "b", workers=0, encode="bytes")
+    for backend in ("auto", "pil", "raw"):
+        with pytest.raises(LoaderError, match="CacheDataset"):
+            fastdata.loader(tmp_path / "b", 4, device="cpu", backend=backend)
+    data, label = CacheDataset(tmp_path / "b")[0]
+    assert data.dtype == torch.uint8 and bytes(data[:2].tolist()) == b"\xff\xd8"

@@ -35,6 +35,10 @@ class EncodedSource:
         if src is None and is_cache(path):
             self.cache = open_cache(path, integrity)
             kind = self.cache.manifest.kind
+            if kind == "bytes":
+                raise LoaderError(f"{path}: a bytes cache holds the input files as they are, which no loader "
+                                  f"backend decodes; read it with fastdata.CacheDataset in a DataLoader, or "
+                                  f"rebuild with --encode raw or --encode jpeg for fastdata.loader")
             if kind != "jpeg":
                 raise LoaderError(f"{path}: a {kind} cache needs no decoding; read it with backend raw, "
                                   f"or rebuild with --encode jpeg for GPU decode")
