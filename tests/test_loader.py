@@ -221,6 +221,25 @@ def test_autotune_stays_within_the_usable_cpus(raw_cache, monkeypatch):
     assert max(c["workers"] for c, _ in tuned.tuning["measured"]) <= 2
 
 
+class _DictSamples(torch.utils.data.Dataset):
+    """Samples as dicts, as Hugging Face datasets give them (module level: workers pickle it)."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return {"pixel_values": torch.full((3, 4, 4), float(i)), "label": i % 3}
+
+
+def test_autotune_counts_samples_of_dict_batches():
+    """measure() took batch[1] as the labels: a dict batch raised KeyError: 1."""
+    from fastdata.read.tune import batch_len
+
+    tuned = fastdata.dataloader(_DictSamples(), 8, autotune_seconds=0.1, workers=1)
+    assert max(r for _, r in tuned.tuning["measured"]) > 0
+    assert batch_len(next(iter(tuned))) == 8 and batch_len((torch.zeros(5, 2), torch.zeros(5))) == 5
+
+
 def test_variable_shapes_need_a_crop_and_bad_args_are_refused(image_folder, tmp_path):
     from helpers import build
 

@@ -50,6 +50,18 @@ def _build(dataset, cfg: DataLoaderConfig, collate_fn=None) -> DataLoader:
                       persistent_workers=cfg.persistent_workers and w > 0)
 
 
+def batch_len(batch) -> int:
+    """Samples in a collated batch of any structure: the first dimension of its first tensor (an (x, y)
+    tuple, a dict such as Hugging Face datasets give, a bare tensor); 1 where it holds no tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    parts = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for part in parts:
+        if isinstance(part, (torch.Tensor, dict, list, tuple)):
+            return batch_len(part)
+    return len(batch) if isinstance(batch, (list, tuple)) else 1
+
+
 def measure(dl, seconds: float, warmup_batches: int = 2) -> float:
     """Samples per second drawn from dl for about `seconds`, after warm-up batches."""
     it = iter(dl)
@@ -58,7 +70,7 @@ def measure(dl, seconds: float, warmup_batches: int = 2) -> float:
         if k == warmup_batches:
             t0 = time.perf_counter()
         elif k > warmup_batches:
-            n += len(batch[1])
+            n += batch_len(batch)
             if time.perf_counter() - t0 >= seconds:
                 break
     if t0 is None or n == 0:
