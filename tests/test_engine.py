@@ -293,3 +293,16 @@ def test_an_output_object_with_logits_trains_like_the_tensor_and_a_tuple_is_refu
         assert torch.equal(pa, pb)
     with pytest.raises(EngineError, match="the model returned tuple, not a logits tensor"):
         Engine(Pair(), cfg).fit(data)
+
+
+def test_dict_batches_train_like_tuples_and_unknown_keys_are_named():
+    """Hugging Face datasets collate to {"pixel_values", "labels"}; batch[0] raised KeyError: 0."""
+    data = _fixed_batches(2, 8)
+    cfg = EngineConfig(precision="fp32", channels_last=False, lr=0.1)
+    a, b = Engine(tiny_net(), cfg), Engine(tiny_net(), cfg)
+    a.fit([{"pixel_values": x, "labels": y} for x, y in data])
+    b.fit(data)
+    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(pa, pb)
+    with pytest.raises(EngineError, match="a dict batch needs an image key .* this one has pic, cls"):
+        Engine(tiny_net(), cfg).fit([{"pic": x, "cls": y} for x, y in data])

@@ -55,6 +55,23 @@ class Meter:
         self.mark = time.monotonic()
 
 
+IMAGE_KEYS = ("pixel_values", "image", "images", "img", "input", "inputs", "x")
+LABEL_KEYS = ("labels", "label", "target", "targets", "y")
+
+
+def images_and_labels(batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images, labels) of a batch: a (images, labels, ...) sequence, a fastdata Batch, or a dict with
+    the usual keys (Hugging Face datasets: pixel_values/labels; torchvision-style: image/label)."""
+    if isinstance(batch, dict):
+        image = next((k for k in IMAGE_KEYS if k in batch), None)
+        label = next((k for k in LABEL_KEYS if k in batch), None)
+        if image is None or label is None:
+            raise EngineError(f"a dict batch needs an image key ({', '.join(IMAGE_KEYS)}) and a label key "
+                              f"({', '.join(LABEL_KEYS)}); this one has {', '.join(map(str, batch))}")
+        return batch[image], batch[label]
+    return batch[0], batch[1]
+
+
 class Engine:
     """Engine(model, EngineConfig).fit(loader, steps=...) -> report dict."""
 
@@ -87,7 +104,7 @@ class Engine:
     def _prepare(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch on the device, as the loader made it. The engine does not augment: the loader's
         augmentation (one kernel, in the batch dtype) is the only one, so no batch is augmented twice."""
-        images, labels = batch[0], batch[1]
+        images, labels = images_and_labels(batch)
         if images.dtype == torch.uint8:
             raise EngineError("the engine got uint8 images: give the loader an augmentation, e.g. "
                               "fastdata.loader(cache, bs, augment=AugmentConfig(dtype=engine.cfg.batch_dtype)), "
