@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -27,11 +28,56 @@ def parse_size(text: str | int) -> int:
 
 
 def usable_cpus() -> int:
-    """CPUs this process may run on (affinity/cgroup aware), not the host's total."""
+    """CPUs this process may run on, not the host's total: its affinity (a cpuset), and its cgroup's CPU
+    quota. A Kubernetes pod limited to 8 CPUs on a 96-core node sees 96 in its affinity; 96 build workers
+    there are throttled to 8 CPUs' time and each holds its own buffers against the pod's memory limit."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
+        cpus = max(1, os.cpu_count() or 1)
+    quota = cgroup_cpu_quota()
+    return cpus if quota is None else max(1, min(cpus, math.ceil(quota)))
+
+
+def _quota_at(folder: Path) -> float | None:
+    """CPUs the CFS quota of one cgroup folder allows (v2 cpu.max, or v1 cfs_quota/period), or None."""
+    try:
+        if (folder / "cpu.max").is_file():
+            quota, period = (folder / "cpu.max").read_text().split()
+            return None if quota == "max" else int(quota) / int(period)
+        quota = int((folder / "cpu.cfs_quota_us").read_text())
+        return None if quota <= 0 else quota / int((folder / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The tightest CPU quota on this process's cgroup path, up to the root (v1 or v2), in CPUs."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if controllers == "":
+            base = root
+        elif "cpu" in controllers.split(","):
+            base = next((p for p in (root / controllers, root / "cpu", root / "cpu,cpuacct") if p.is_dir()), None)
+            if base is None:
+                continue
+        else:
+            continue
+        # inside a container the path may be the host's (not mounted here): its root is the container's
+        folder = base / rel.lstrip("/")
+        while True:
+            quota = _quota_at(folder) if folder.is_dir() else None
+            if quota is not None:
+                found.append(quota)
+            if folder == base:
+                break
+            folder = folder.parent
+    return min(found) if found else None
 
 
 # fsync of a folder, where a filesystem does not do it (CIFS/SMB, some FUSE and NFS mounts): the
