@@ -247,3 +247,25 @@ def test_unreadable_folder_in_source_is_named_and_creates_no_destination(image_f
     with pytest.raises(SourceError, match=f"cannot scan {bad} \\(Permission denied\\); fix its permissions"):
         build(image_folder, dest)
     assert not dest.exists()
+
+
+@pytest.mark.parametrize("fmt", ["h5", "pt"])
+def test_shards_written_from_many_small_chunks_are_byte_identical(image_folder, tmp_path, monkeypatch, fmt):
+    """The writer keeps samples in chunks it releases as it writes them (a shard is held once, not two
+    or three times); chunk boundaries falling inside samples must not change a byte of the shard."""
+    import hashlib
+
+    import fastdata.cache.writers as writers
+
+    def digests(dest):
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(dest.glob(f"*.{fmt}"))}
+
+    build(image_folder, tmp_path / "one", workers=0, format=fmt, encode="jpeg")
+    monkeypatch.setattr(writers, "CHUNK", 5000)     # JPEG samples of ~2-10 KB: most straddle a boundary
+    build(image_folder, tmp_path / "many", workers=0, format=fmt, encode="jpeg")
+    assert digests(tmp_path / "one") == digests(tmp_path / "many") and len(digests(tmp_path / "one")) >= 1
+    samples = writers._Samples()
+    for k in range(7):
+        samples.append(bytes([k]) * 3000)
+    assert len(samples.chunks) == 7 and samples.joined().tolist() == [k for k in range(7) for _ in range(3000)]
+    assert samples.chunks == []      # each chunk released as it was copied

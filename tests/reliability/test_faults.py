@@ -75,11 +75,11 @@ def test_disk_full_mid_build_is_clear_and_resumable(image_folder, tmp_path, monk
     real = writers.H5ShardWriter._write
     calls = {"n": 0}
 
-    def full_disk(self, arrays):
+    def full_disk(self, *args):
         calls["n"] += 1
         if calls["n"] == 3:
             raise OSError(28, "No space left on device")
-        return real(self, arrays)
+        return real(self, *args)
 
     monkeypatch.setattr(writers.H5ShardWriter, "_write", full_disk)
     dest = tmp_path / "c"
