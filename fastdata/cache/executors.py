@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 
 from ..errors import BuildError, DependencyError
 from .jobs import _init_worker, build_shard
@@ -37,12 +39,35 @@ def shard_map(executor: str, workers: int, counter, fn=build_shard):
 
 @contextlib.contextmanager
 def _local_map(workers: int, counter, fn):
+    """A process pool that notices a worker dying. multiprocessing.Pool replaces a killed worker (the OOM
+    killer's SIGKILL) but loses its shard job, and the build then waited for it forever at 98%;
+    ProcessPoolExecutor marks the pool broken, which ends the build with a message and a resumable DEST."""
     if workers == 0:
         _init_worker(counter)
         yield lambda tasks: map(fn, tasks)
         return
-    with mp.get_context("fork").Pool(workers, _init_worker, (counter,)) as pool:
-        yield lambda tasks: pool.imap_unordered(fn, tasks)
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_init_worker,
+                               initargs=(counter,))
+
+    def run(tasks):
+        futures = [pool.submit(fn, t) for t in tasks]
+        for fut in as_completed(futures):
+            try:
+                yield fut.result()
+            except BrokenProcessPool:
+                raise BuildError("a build worker process died mid-shard (killed by a signal; the kernel's "
+                                 "out-of-memory killer sends one: see `dmesg`); the finished shards are kept: "
+                                 "rerun the same command to resume, with fewer --workers or a smaller "
+                                 "--shard-size if memory is short") from None
+    clean = False
+    try:
+        yield run
+        clean = True
+    finally:
+        if not clean:   # Ctrl-C or an error: stop the shard jobs now instead of waiting for them
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # A cluster the build starts for itself runs one job per worker and nothing else, so what Dask does

@@ -273,3 +273,29 @@ while True:
 
     state = load_checkpoint(tmp_path / "last.pt")  # whole old or whole new, never a torn file
     assert state["step"] in (1, 2)
+
+
+def test_a_worker_killed_mid_shard_ends_the_build_resumably(image_folder, tmp_path):
+    """The OOM killer's SIGKILL on one pool worker: multiprocessing.Pool replaced the worker, lost its shard
+    job and the build waited for it forever (seen at 98%). Now the build stops with a message and exit 2,
+    and the rerun resumes to the same bytes as a clean build. In a child with a timeout: a regression hangs."""
+    victim = sorted(image_folder.rglob("*.jpg"))[-1]
+    code = ("import os, signal, sys\n"
+            "import fastdata.cache.jobs as jobs\n"
+            "from fastdata.cli import main\n"
+            "victim, real = open(sys.argv[1], 'rb').read(), jobs.process_bytes\n"
+            "def oom(data, codec):\n"
+            "    if data == victim:\n"
+            "        os.kill(os.getpid(), signal.SIGKILL)\n"
+            "    return real(data, codec)\n"
+            "jobs.process_bytes = oom   # the pool's workers fork from this process\n"
+            "sys.exit(main(['build-cache', sys.argv[2], sys.argv[3], '--workers', '2', '--shard-size', '60KB',\n"
+            "               '--size', '64']))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(victim), str(image_folder), str(tmp_path / "c")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "a build worker process died mid-shard" in out.stderr, out.stderr[-1500:]
+    assert "rerun the same command to resume" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "c" / "manifest.json").exists()
+    build(image_folder, tmp_path / "c", workers=2, shard_size="60KB")
+    build(image_folder, tmp_path / "clean", workers=0, shard_size="60KB")
+    assert _hashes(tmp_path / "c") == _hashes(tmp_path / "clean")
