@@ -187,3 +187,27 @@ def memory_budget() -> int:
     (page cache is charged to the cgroup, so a mapped cache counts)."""
     known = [x for x in (_meminfo("MemAvailable"), cgroup_room()) if x is not None]
     return min(known) if known else 1 << 62
+
+
+def first_array(batch):
+    """The first array-like (anything with .shape) in a collated batch of any structure: an (x, y)
+    tuple, a dict as Hugging Face datasets give, a bare tensor; None where there is none. No torch
+    import: the doctor's bootstrap runs this inside the user's process."""
+    if hasattr(batch, "shape"):
+        return batch
+    parts = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for part in parts:
+        found = first_array(part)
+        if found is not None:
+            return found
+    return None
+
+
+def batch_len(batch) -> int:
+    """Samples in a collated batch: its first array's first dimension, else the length of its first
+    list (a batch of strings), else 1."""
+    x = first_array(batch)
+    if x is not None:
+        return int(x.shape[0]) if len(x.shape) else 1
+    parts = list(batch.values()) if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
+    return len(parts[0]) if parts and isinstance(parts[0], (list, tuple)) else (len(parts) or 1)

@@ -97,6 +97,19 @@ def test_another_interpreter_is_named_when_the_doctor_cannot_attach(tmp_path):
     assert "cannot import fastdata" in out.stderr and f"e.g. {sys.executable} train.py" in out.stderr
 
 
+def test_images_are_counted_in_dict_batches_too():
+    """A Hugging Face-style {"pixel_values", "labels"} batch was counted as 2 images (len of the dict)."""
+    import torch
+
+    from fastdata.monitor.script import ScriptState
+
+    state = ScriptState(1, 1, 0, None, None)
+    state.note_batch({"pixel_values": torch.zeros(16, 3, 8, 8), "labels": torch.zeros(16)})
+    state.note_batch((torch.zeros(8, 3, 8, 8), torch.zeros(8)))
+    state.note_batch(torch.zeros(4, 3, 8, 8))
+    assert state.batches == 3 and state._images == 28
+
+
 def test_planted_case_scripts_are_plain_user_scripts():
     cases = Path(__file__).resolve().parents[1] / "benchmarks" / "doctor_cases"
     for p in cases.glob("*.py"):

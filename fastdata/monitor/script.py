@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import time
 
+from .._util import batch_len, first_array
+
 
 def timed(iterable, on_wait, on_batch=None):
     """Yield from iterable, reporting the seconds each next() blocked (the data wait)."""
@@ -65,8 +67,8 @@ class ScriptState:
     def note_batch(self, batch) -> None:
         self.batches += 1
         try:
-            x = batch[0] if isinstance(batch, (tuple, list)) else batch
-            self._images += len(x)
+            x = first_array(batch)
+            self._images += batch_len(batch)
             if hasattr(x, "is_contiguous") and x.dim() == 4:
                 import torch
 

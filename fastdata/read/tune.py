@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from torch.utils.data import DataLoader
 
-from .._util import usable_cpus
+from .._util import batch_len, usable_cpus
 from ..errors import LoaderError
 
 log = logging.getLogger("fastdata.tune")
@@ -48,18 +48,6 @@ def _build(dataset, cfg: DataLoaderConfig, collate_fn=None) -> DataLoader:
                       drop_last=cfg.drop_last, generator=gen, collate_fn=collate_fn,
                       prefetch_factor=cfg.prefetch_factor if w else None,
                       persistent_workers=cfg.persistent_workers and w > 0)
-
-
-def batch_len(batch) -> int:
-    """Samples in a collated batch of any structure: the first dimension of its first tensor (an (x, y)
-    tuple, a dict such as Hugging Face datasets give, a bare tensor); 1 where it holds no tensor."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    parts = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for part in parts:
-        if isinstance(part, (torch.Tensor, dict, list, tuple)):
-            return batch_len(part)
-    return len(batch) if isinstance(batch, (list, tuple)) else 1
 
 
 def measure(dl, seconds: float, warmup_batches: int = 2) -> float:
