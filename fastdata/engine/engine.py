@@ -21,7 +21,7 @@ from . import checkpoint as ckpt
 from .config import EngineConfig
 from .distributed import init_from_env, local_device, rank, wrap
 from .fence import StepFence, cuda_event_factory
-from .graph import compile_model, try_capture, unwrap
+from .graph import compile_model, compiler_failed, try_capture, unwrap, without_compile
 from .step import TrainStep, make_scaler
 
 log = logging.getLogger("fastdata.engine")
@@ -96,6 +96,7 @@ class Engine:
         self.scaler = make_scaler(cfg, self.device)
         self.step = TrainStep(self.model, self.optimizer, self.scaler, cfg, self.device)
         self.graphed, self._graph_tried = None, False
+        self._compile_ok, self.compile_error = cfg.compile == "off", None   # set at the first step
         self.global_step, self.epoch = 0, 0
         self._sampler = None
         self.stopped: str | None = None   # set by request_stop()
@@ -136,9 +137,27 @@ class Engine:
         sync = self.model.no_sync() if self.distributed and not last else contextlib.nullcontext()
         eager = self._eager if self._eager is not None and tuple(images.shape) != self._compiled_shape else None
         with sync:
-            self.step.micro(images, labels, window, model=eager)
+            try:
+                self.step.micro(images, labels, window, model=eager)
+            except Exception as e:  # noqa: BLE001 - only the compiler's own failure is handled here
+                if self.cfg.compile == "off" or self._compile_ok or not compiler_failed(e):
+                    raise
+                self._drop_compile(e)
+                self.step.micro(images, labels, window)
+        self._compile_ok = True
         if last:
             self.step.apply()
+
+    def _drop_compile(self, e: BaseException) -> None:
+        """torch.compile failed on its first call: train eagerly (same parameters, nothing stepped yet)
+        rather than stop, and say why and how to get it back."""
+        why = " ".join(str(e).split())[:300]
+        log.warning("torch.compile failed (%s: %s); training without it. Install what it needs (a C/C++ "
+                    "compiler such as gcc; Triton matching the driver on a GPU) or pass --compile off",
+                    type(e).__name__, why)
+        self.model = self.step.model = without_compile(self.model)
+        self._eager, self._compiled_shape = None, None
+        self.compile_error = f"{type(e).__name__}: {why}"
 
     @contextlib.contextmanager
     def preserved_state(self):
@@ -263,7 +282,7 @@ class Engine:
                 "loss": meter.records[-1]["loss"] if meter.records else float("nan"),
                 "nonfinite": sum(r["nonfinite"] for r in meter.records), "cuda_graph": self.graphed is not None,
                 "gpu": self._sampler.summary(since=meter.mark) if self._sampler else {},
-                "stopped": self.stopped,
+                "stopped": self.stopped, "compile_error": self.compile_error,
                 "history": meter.records}
 
     # ---- checkpoints ----------------------------------------------------------------------------

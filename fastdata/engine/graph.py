@@ -26,6 +26,23 @@ def compile_model(model: nn.Module, mode: str) -> nn.Module:
     return torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
 
 
+def compiler_failed(e: BaseException) -> bool:
+    """An error raised by torch.compile's machinery (dynamo, inductor, Triton's build of its launcher):
+    no C/C++ compiler in a slim container, a Triton that does not match the driver, an operator the
+    compiler cannot lower. Its message names the cause; eager mode then shows a model bug plainly."""
+    mod = type(e).__module__ or ""
+    return mod.startswith(("torch._dynamo", "torch._inductor", "triton")) or "C compiler" in str(e)
+
+
+def without_compile(model: nn.Module) -> nn.Module:
+    """model with the torch.compile wrapper taken off (kept under DDP), the same parameters."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        if hasattr(model.module, "_orig_mod"):
+            model.module = model.module._orig_mod
+        return model
+    return getattr(model, "_orig_mod", model)
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module under DDP and torch.compile wrappers (no `module.`/`_orig_mod.` keys)."""
     while True:
