@@ -240,6 +240,26 @@ def test_autotune_counts_samples_of_dict_batches():
     assert batch_len(next(iter(tuned))) == 8 and batch_len((torch.zeros(5, 2), torch.zeros(5))) == 5
 
 
+def test_a_small_dev_shm_is_warned_about_before_workers_die_of_it(raw_cache, monkeypatch, caplog):
+    """Docker's 64 MB /dev/shm: DataLoader workers die with a bare 'Bus error' when it fills."""
+    import os
+    from types import SimpleNamespace
+
+    import fastdata.read.tune as tune
+
+    real = os.statvfs
+    monkeypatch.setattr(tune.os, "statvfs", lambda p: SimpleNamespace(f_blocks=64 << 8, f_frsize=4096))
+    with caplog.at_level("WARNING", logger="fastdata.tune"):
+        fastdata.dataloader(CacheDataset(raw_cache), 8, workers=1)
+    assert "holds only 64 MB" in caplog.text and "--shm-size" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fastdata.tune"):
+        fastdata.dataloader(CacheDataset(raw_cache), 8, workers=0)       # no workers: no shared memory
+    assert "holds only" not in caplog.text
+    monkeypatch.setattr(tune.os, "statvfs", real)
+    assert tune.warn_small_shm("/nonexistent/shm") is False
+
+
 def test_variable_shapes_need_a_crop_and_bad_args_are_refused(image_folder, tmp_path):
     from helpers import build
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, replace
 
@@ -112,9 +113,32 @@ def tuned_dataloader(dataset, batch_size: int, *, autotune_seconds: float | None
         cfg, results, gain = autotune(dataset, cfg, autotune_seconds, collate_fn)
         tuning = {"chosen": asdict(cfg), "measured": results, "gain": gain}
         log.info("autotune chose workers=%d prefetch=%d", cfg.workers, cfg.prefetch_factor)
-    dl = _build(dataset, cfg.resolved(), collate_fn)
+    cfg = cfg.resolved()
+    if cfg.workers:
+        warn_small_shm()
+    dl = _build(dataset, cfg, collate_fn)
     dl.tuning = tuning
     return dl
+
+
+SMALL_SHM = 512 << 20
+
+
+def warn_small_shm(path: str = "/dev/shm") -> bool:
+    """Warn where /dev/shm is small (Docker gives 64 MB): DataLoader workers hand every batch over
+    through it, and a full /dev/shm kills them with a bare 'Bus error' mid-epoch."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    size = st.f_blocks * st.f_frsize
+    if size >= SMALL_SHM:
+        return False
+    log.warning("%s holds only %d MB (Docker's default is 64 MB): DataLoader worker processes pass batches "
+                "through it and die with 'Bus error' when it fills. Start the container with --shm-size=8g "
+                "(or --ipc=host), or use fastdata.loader, whose reader threads need no shared memory",
+                path, size >> 20)
+    return True
 
 
 dataloader = tuned_dataloader   # the wave-1 name, kept one release: one prefix away from fastdata.loader
