@@ -110,6 +110,24 @@ def test_images_are_counted_in_dict_batches_too():
     assert state.batches == 3 and state._images == 28
 
 
+def test_a_long_training_run_is_stopped_once_it_is_measured(tmp_path):
+    """The doctor waited for the wrapped command to finish: a real training run took hours. Now it stops
+    the command (SIGTERM to its process group) once the report is written. A child with a timeout: a
+    regression would wait ~200 s for this script."""
+    import os
+    import subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.replace("if k == 30: break", "pass"))
+    env = {**os.environ, "FASTDATA_DOCTOR_MIN_SECONDS": "0.5", "FASTDATA_DOCTOR_WARMUP_SECONDS": "0.2"}
+    out = subprocess.run([sys.executable, "-m", "fastdata.cli", "doctor", "--warmup-steps", "3", "--timed-steps",
+                          "8", "--", sys.executable, str(script)], capture_output=True, text=True, env=env,
+                         timeout=150)
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert "verdict: input-bound" in out.stdout and "measured; stopping the command" in out.stderr
+    assert "script done" not in out.stdout
+
+
 def test_planted_case_scripts_are_plain_user_scripts():
     cases = Path(__file__).resolve().parents[1] / "benchmarks" / "doctor_cases"
     for p in cases.glob("*.py"):

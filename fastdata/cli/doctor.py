@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -50,7 +52,7 @@ def _wrapped(a):
             env["FASTDATA_DOCTOR_TIMELINE"] = os.path.abspath(a.timeline)
         try:
             with GpuSampler(SamplerConfig(interval_s=0.5)) as sampler:   # GPM needs samples >= 0.1 s apart
-                rc = subprocess.call(a.command, env=env)
+                rc = _run_until_report(subprocess.Popen(a.command, env=env, start_new_session=True), path)
         except OSError as e:
             raise FastdataError(f"cannot run `{' '.join(a.command)}`: {e.strerror or e}; give the training "
                                 f"command after --, e.g. fastdata doctor -- python train.py") from e
@@ -65,6 +67,38 @@ def _wrapped(a):
                             f"(its loop iterates a DataLoader or calls optimizer.step())")
     m.update(_window_gpu(sampler, m.pop("window_monotonic", None)))
     return diagnose(m)
+
+
+def _run_until_report(proc: subprocess.Popen, report: str, grace: float = 30.0) -> int:
+    """Wait for the command; once it has written its report, stop it: the doctor measures a bounded
+    window, and used to wait for the whole training run. SIGTERM goes to its process group (DataLoader
+    workers, torchrun's ranks) and lets a script save a checkpoint; SIGKILL follows after `grace` s.
+    The command runs in its own session, so Ctrl-C here is passed on to it."""
+    def signal_group(sig) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+    try:
+        while proc.poll() is None:
+            if os.path.exists(report):
+                try:                      # a report written at exit: the command is ending by itself
+                    return proc.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    pass
+                print("fastdata doctor: measured; stopping the command", file=sys.stderr, flush=True)
+                signal_group(signal.SIGTERM)
+                try:
+                    return proc.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    signal_group(signal.SIGKILL)
+                    return proc.wait()
+            time.sleep(0.2)
+        return proc.returncode
+    except KeyboardInterrupt:
+        signal_group(signal.SIGINT)
+        proc.wait()
+        raise
 
 
 def _window_gpu(sampler, window) -> dict:

@@ -7,6 +7,7 @@ samples NVML and keeps the samples inside this window) -> profiled steps (torch.
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from .._util import batch_len, first_array
@@ -157,6 +158,8 @@ class ScriptState:
         if self._window is not None and "wall" not in self._window:
             self._end_window()
         self.result = self.measured()
-        if self.report_path:
-            with open(self.report_path, "w") as f:
+        if self.report_path:   # whole or absent: the doctor stops the command once it sees the file
+            tmp = f"{self.report_path}.tmp"
+            with open(tmp, "w") as f:
                 json.dump(self.result, f, default=str)
+            os.replace(tmp, self.report_path)
