@@ -205,7 +205,7 @@ def test_stage_copies_and_falls_back(raw_cache, tmp_path, monkeypatch, caplog):
 @pytest.mark.parametrize("argv,needle", [
     (["build-cache", "/nonexistent/src", "/tmp/x"], "does not exist"),
     (["build-cache", "/dev/null", "/tmp/x"], "neither a folder nor a regular file"),
-    (["verify", "/nonexistent/cache"], "no manifest.json"),
+    (["verify", "/nonexistent/cache"], "does not exist; give the folder build-cache wrote"),
     (["info", "/tmp"], "not a finished fastdata cache"),
 ])
 def test_cli_bad_input_exits_2_with_message(argv, needle, capsys):

@@ -151,6 +151,8 @@ def load_manifest(cache_dir: str | Path, storage_options: dict | None = None) ->
     refuse_url(cache_dir, "cache")
     cache_dir = Path(cache_dir)
     path = cache_dir / MANIFEST
+    if not cache_dir.exists():
+        raise CacheFormatError(f"{cache_dir} does not exist; give the folder build-cache wrote (its DEST)")
     if not path.is_file():
         hint = " (a build is unfinished: rerun the same build-cache command to resume)" \
             if (cache_dir / ".build" / "journal.json").exists() else \
