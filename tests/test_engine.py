@@ -308,18 +308,20 @@ def test_dict_batches_train_like_tuples_and_unknown_keys_are_named():
         Engine(tiny_net(), cfg).fit([{"pic": x, "cls": y} for x, y in data])
 
 
-def test_a_compiler_that_cannot_run_falls_back_to_eager_and_says_why(monkeypatch, caplog):
+def test_a_compiler_that_cannot_run_falls_back_to_eager_and_says_why(caplog):
     """A slim container without a C++ compiler: torch.compile's first call raised InductorError out of
     fit(). Now the engine trains eagerly (identical results) and the report carries the reason."""
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/g++"))
     torch._dynamo.reset()
     data = _fixed_batches(2, 8)
     cfg = dict(precision="fp32", channels_last=False, lr=0.1)
     a, b = Engine(tiny_net(), EngineConfig(compile="default", **cfg)), Engine(tiny_net(), EngineConfig(**cfg))
-    with caplog.at_level("WARNING", logger="fastdata.engine"):
+    # inductor's own patch(): monkeypatch's undo deleted the option and broke every later compile
+    with inductor_config.patch({"cpp.cxx": (None, "/nonexistent/g++")}), \
+            caplog.at_level("WARNING", logger="fastdata.engine"):
         report = a.fit(data)
+        torch._dynamo.reset()
     b.fit(data)
     assert "torch.compile failed" in caplog.text and "training without it" in caplog.text
     assert "C++ compiler" in report["compile_error"] and report["steps"] == 2
