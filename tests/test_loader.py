@@ -1,6 +1,8 @@
 """Read side: every loader against a plain reference, determinism, rank split, resume, CPU device."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -343,3 +345,19 @@ def test_a_bytes_cache_is_pointed_to_cachedataset_by_every_backend(image_folder,
             fastdata.loader(tmp_path / "b", 4, device="cpu", backend=backend)
     data, label = CacheDataset(tmp_path / "b")[0]
     assert data.dtype == torch.uint8 and bytes(data[:2].tolist()) == b"\xff\xd8"
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(size=0), "size=0: give 1..8192 pixels"),
+    (dict(scale=(0.9, 0.1)), "scale=(0.9, 0.1): give (lo, hi) with 0 < lo <= hi <= 1"),
+    (dict(ratio=(2, 1)), "ratio=(2, 1): give (lo, hi)"),
+    (dict(std=(0, 0, 0)), "every value must be > 0"),
+    (dict(mean=(1, 2)), "give 3 values each"),
+    (dict(dtype="float64"), "dtype='float64': choose one of float32, bfloat16, float16"),
+    (dict(crop_fraction=0), "crop_fraction=0: give a fraction in (0, 1]"),
+])
+def test_bad_augment_settings_are_named_when_made(kw, needle):
+    """Each used to surface later: a reader-thread ValueError, a reduction error, or NaN batches (std 0)."""
+    with pytest.raises(LoaderError, match=re.escape(needle)):
+        AugmentConfig(**kw)
+    assert AugmentConfig(size=np.int64(32)).size == 32

@@ -14,6 +14,7 @@ with --resize short|max, packed end to end) take the same path as fixed-shape on
 from __future__ import annotations
 
 import importlib.util
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,32 @@ class AugmentConfig:
     def __post_init__(self):
         if self.kernel not in KERNELS:
             raise LoaderError(f"AugmentConfig(kernel={self.kernel!r}): choose one of {', '.join(KERNELS)}")
+        bad = _invalid(self)
+        if bad:   # (each used to fail deep in a reader thread, or gave NaN batches without a word)
+            raise LoaderError(f"AugmentConfig({bad})")
+
+
+AUGMENT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _pair_ok(p, hi: float | None) -> bool:
+    return (len(p) == 2 and all(isinstance(v, (int, float)) for v in p) and 0 < p[0] <= p[1]
+            and (hi is None or p[1] <= hi))
+
+
+def _invalid(cfg: "AugmentConfig") -> str:
+    """What is wrong with cfg, and the fix, or ''."""
+    checks = [
+        (isinstance(cfg.size, numbers.Integral) and 1 <= cfg.size <= 8192, f"size={cfg.size!r}: give 1..8192 pixels"),
+        (_pair_ok(cfg.scale, 1.0), f"scale={cfg.scale!r}: give (lo, hi) with 0 < lo <= hi <= 1, e.g. (0.08, 1.0)"),
+        (_pair_ok(cfg.ratio, None), f"ratio={cfg.ratio!r}: give (lo, hi) with 0 < lo <= hi, e.g. (3/4, 4/3)"),
+        (0 < cfg.crop_fraction <= 1, f"crop_fraction={cfg.crop_fraction!r}: give a fraction in (0, 1]"),
+        (len(cfg.mean) == 3 and len(cfg.std) == 3, f"mean={cfg.mean!r}, std={cfg.std!r}: give 3 values each "
+                                                   f"(R, G, B)"),
+        (all(v > 0 for v in cfg.std), f"std={cfg.std!r}: every value must be > 0 (0 divides by zero)"),
+        (cfg.dtype in AUGMENT_DTYPES, f"dtype={cfg.dtype!r}: choose one of {', '.join(AUGMENT_DTYPES)}"),
+    ]
+    return next((msg for ok, msg in checks if not ok), "")
 
 
 def resolve_kernel(cfg: AugmentConfig, device: torch.device) -> str:
