@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing as mp
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -152,7 +153,8 @@ def _run(cfg: BuildConfig, dest: Path, items: tuple[Item, ...], journal: Journal
         shards = shard_map(cfg.executor, workers, counter)
     with shards as run, tqdm(
             total=len(items), initial=done_before, unit="img", disable=not cfg.progress,
-            desc=f"build {dest.name}", dynamic_ncols=True, smoothing=0.05) as bar:
+            desc=f"build {dest.name}", dynamic_ncols=True, smoothing=0.05,
+            mininterval=0.1 if sys.stderr.isatty() else 30.0) as bar:   # a log file (Slurm): a line each 30 s
         for index, info, quarantined, error in run(tasks):
             if error:  # the worker's message names the file and the fix
                 raise BuildError(error)
