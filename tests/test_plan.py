@@ -34,3 +34,22 @@ def test_dry_run_writes_nothing(image_folder, tmp_path, capsys):
     assert main(["build-cache", str(image_folder), str(tmp_path / "c"), "--dry-run", "--size", "64"]) == 0
     assert "recommended: raw" in capsys.readouterr().out and not (tmp_path / "c").exists()
     assert main(["plan", str(image_folder), "--size", "64"]) == 0
+
+
+def test_inputs_far_smaller_than_the_target_are_flagged_by_plan_and_build(tmp_path, caplog):
+    """CIFAR-sized 32 px images at the default --size 256: a cache 64x the pixels, no detail gained."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (tmp_path / "src" / c).mkdir(parents=True)
+        for i in range(10):
+            Image.fromarray(rng.integers(0, 255, (32, 40, 3), dtype=np.uint8)).save(tmp_path / "src" / c / f"{i}.png")
+    items = discover(tmp_path / "src").items
+    note = plan(items, CodecConfig(size=256), None).note
+    assert "median short side 32 px" in note and "~64x larger" in note and "consider --size 32" in note
+    assert plan(items, CodecConfig(size=48), None).note == ""        # 1.5x: a normal resize, no note
+    with caplog.at_level("WARNING", logger="fastdata.build"):
+        build(tmp_path / "src", tmp_path / "c", workers=0, size=256)
+    assert "consider --size 32" in caplog.text

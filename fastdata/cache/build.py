@@ -226,6 +226,7 @@ def build_cache(cfg: BuildConfig) -> BuildResult:
     source = discover(cfg.src, images_only=cfg.encode != "bytes", exclude=() if is_url(cfg.dest) else (cfg.dest,),
                       allow_empty_classes=cfg.allow_empty_classes, storage_options=cfg.storage_options)
     items = partition(source.items, cfg.part)   # (a bad SRC creates no DEST)
+    _warn_upscaling(cfg, items)
     dest = remote_dest.prepare(cfg.dest, cfg.storage_options) if is_url(cfg.dest) else _prepare_dest(cfg)
     with BuildLock(dest):   # taken before anything is written in DEST: concurrent builds cannot race
         identity = {**cfg.identity(), "inputs": len(source.items),
@@ -256,6 +257,18 @@ def build_cache(cfg: BuildConfig) -> BuildResult:
                          repaired=tuple(sorted(repaired.items())))
     log.debug("build-cache: %s", result.summary())
     return result
+
+
+def _warn_upscaling(cfg: BuildConfig, items) -> None:
+    """Warn before a build that would mostly upscale (CIFAR's 32 px inputs at the default --size 256):
+    32 headers read, local inputs only (object storage would pay a request for each)."""
+    if cfg.encode == "bytes" or cfg.resize not in ("fixed", "short") or is_url(cfg.src):
+        return
+    from .plan import short_sides, upscale_note
+
+    note = upscale_note(short_sides(items), cfg.size)
+    if note:
+        log.warning("build-cache: %s", note)
 
 
 def _no_samples(dest: Path, manifest: Manifest) -> None:

@@ -12,6 +12,7 @@ RAM and DEST's free disk, they give a recommendation and the reason for it:
 """
 from __future__ import annotations
 
+import io
 import shutil
 import time
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class Plan:
     free_disk: int
     choice: str
     reason: str
+    note: str = ""     # upscale_note(): inputs far smaller than the target size
 
     def text(self) -> str:
         t = self.inputs / max(1e-9, self.rate_per_core * self.cores)
@@ -49,7 +51,7 @@ class Plan:
             f"  jpeg cache  {human_bytes(self.jpeg_bytes):>10}",
             f"  build       ~{t / 60:.1f} min on {self.cores} cores ({self.rate_per_core:.0f} img/s per core)",
             f"recommended: {self.choice}: {self.reason}",
-        ]
+        ] + ([f"note: {self.note}"] if self.note else [])
         return "\n".join(lines)
 
 
@@ -76,6 +78,33 @@ def _measure(items, codec: CodecConfig, options) -> tuple[float, float, float, f
         src += len(data)
     n = max(1, good)
     return raw / n, jpeg / n, src / n, seconds / max(1, good + bad), bad
+
+
+def short_sides(items, options: dict | None = None, n: int = 32) -> list[int]:
+    """The short side, in pixels, of up to n inputs spread over items, from their headers (no decode)."""
+    from PIL import Image
+
+    sides = []
+    for it in items[::max(1, len(items) // n)][:n]:
+        try:
+            with Image.open(io.BytesIO(read_item(it, options))) as img:
+                sides.append(min(img.size))
+        except Exception:  # noqa: BLE001 - unreadable inputs are the build's to quarantine
+            continue
+    return sides
+
+
+def upscale_note(sides: list[int], size: int) -> str:
+    """A warning where most inputs are under half the target size: the cache would hold upscaled
+    pixels, (size / median)^2 times as many, with no detail gained (CIFAR's 32 px at the default 256)."""
+    if not sides:
+        return ""
+    median = sorted(sides)[len(sides) // 2]
+    if median * 2 > size:
+        return ""
+    return (f"most inputs are far smaller than --size {size} (median short side {median} px): they would be "
+            f"upscaled, making the cache ~{(size / median) ** 2:.0f}x larger with no detail gained; "
+            f"consider --size {median}")
 
 
 def _choose(raw: int, jpeg: int, ram: int, disk: int, size: int) -> tuple[str, str]:
@@ -108,5 +137,6 @@ def plan(items: tuple[Item, ...], codec: CodecConfig, dest: str | None, options:
     ram = memory_total()
     raw_total, jpeg_total = int(raw * n_good), int(jpeg * n_good)
     choice, reason = _choose(raw_total, jpeg_total, ram, disk, codec.size)
+    note = upscale_note(short_sides(sample, options), codec.size) if codec.resize in ("fixed", "short") else ""
     return Plan(len(items), len(sample), 1 - good_share, raw_total, jpeg_total, int(src * len(items)),
-                1 / max(per, 1e-9), usable_cpus(), ram, disk, choice, reason)
+                1 / max(per, 1e-9), usable_cpus(), ram, disk, choice, reason, note)
