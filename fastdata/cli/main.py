@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 from .. import demo
@@ -40,10 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):   # file names that are not UTF-8 print escaped, not crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    previous = signal.signal(signal.SIGTERM, _terminated)   # (train installs its own while it trains)
     try:
         code = fn(a)
         sys.stdout.flush()   # inside the try: a closed pipe shows up here, not at interpreter exit
         return code
+    except Terminated:
+        print(f"fastdata {a.cmd}: terminated (SIGTERM); rerun the same command to resume", file=sys.stderr)
+        return 143
     except BrokenPipeError:   # `fastdata info CACHE | head`: the reader left; stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -54,5 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fastdata {a.cmd}: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (Slurm at its time limit, `docker stop`, kill): unwinds like Ctrl-C, so a build stops its
+    workers at once and keeps its journal, where Python's default ended the process on the spot and left
+    the pool's workers running on."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
 
 

@@ -132,3 +132,26 @@ def test_counts_are_cross_checked_against_the_shards(image_folder, tmp_path):
     _edit(dest, lambda d: d.update(num_samples=d["num_samples"] + 5), keep_checksum=True)
     with pytest.raises(CacheFormatError, match="num_samples .* the shards' sum"):
         load_manifest(dest)
+
+
+def test_sigterm_to_the_build_stops_its_workers_and_resumes(image_folder, tmp_path):
+    """`docker stop` or Slurm's time limit: SIGTERM to the build process alone. Python's default ended it on
+    the spot and left the pool's workers running; now it unwinds like Ctrl-C, exit 143."""
+    lst, dest = _long_list(image_folder, tmp_path), tmp_path / "c"
+    cmd = [sys.executable, "-m", "fastdata.cli", "build-cache", str(lst), str(dest), "--workers", "2",
+           "--size", "256", "--shard-size", "2MB", "--no-progress"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT)
+    journal = dest / ".build" / "journal.json"
+    deadline = time.time() + 60
+    while proc.poll() is None and time.time() < deadline and not journal.exists():
+        time.sleep(0.01)
+    workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines() == ["fastdata build-cache: terminated (SIGTERM); rerun the same command to resume"]
+    for pid in workers:   # none left running (reaped, or at most a zombie of the finished group)
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split(") ")[1].startswith("Z"), pid
+    assert subprocess.run(cmd, cwd=ROOT, capture_output=True).returncode == 0
+    assert verify_cache(dest).ok and load_manifest(dest).num_samples == 8 * 120
