@@ -132,3 +132,18 @@ def flaky_build_shard(task):
         marker.write_text("x")
         raise RuntimeError(f"injected worker failure on shard {task[0]}")
     return build_shard(task)
+
+
+def noise_folder(root, classes=("a", "b"), per_class: int = 3, hw=(40, 48), ext: str = "jpg", seed: int = 0):
+    """An ImageFolder of random-noise images of one size (for tests about sizes and formats, not pixels)."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    root = Path(root)
+    for cls in classes:
+        (root / cls).mkdir(parents=True, exist_ok=True)
+        for k in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (*hw, 3), dtype=np.uint8)).save(root / cls / f"{k}.{ext}")
+    return root

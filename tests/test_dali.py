@@ -196,11 +196,10 @@ def test_a_folder_with_a_gif_is_read_by_pil_under_auto_and_refused_by_name(tmp_p
 
     from fastdata import loader
 
-    rng = np.random.default_rng(0)
-    for cls in ("a", "b"):
-        (tmp_path / "src" / cls).mkdir(parents=True)
-        for k in range(3):
-            Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(tmp_path / "src" / cls / f"{k}.jpg")
+    from helpers import noise_folder
+
+    noise_folder(tmp_path / "src")
+    rng = np.random.default_rng(1)
     gif = tmp_path / "src" / "b" / "moving.gif"
     frames = [Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)) for _ in range(2)]
     frames[0].save(gif, save_all=True, append_images=frames[1:])

@@ -38,15 +38,9 @@ def test_dry_run_writes_nothing(image_folder, tmp_path, capsys):
 
 def test_inputs_far_smaller_than_the_target_are_flagged_by_plan_and_build(tmp_path, caplog):
     """CIFAR-sized 32 px images at the default --size 256: a cache 64x the pixels, no detail gained."""
-    import numpy as np
-    from PIL import Image
+    from helpers import noise_folder
 
-    rng = np.random.default_rng(0)
-    for c in ("a", "b"):
-        (tmp_path / "src" / c).mkdir(parents=True)
-        for i in range(10):
-            Image.fromarray(rng.integers(0, 255, (32, 40, 3), dtype=np.uint8)).save(tmp_path / "src" / c / f"{i}.png")
-    items = discover(tmp_path / "src").items
+    items = discover(noise_folder(tmp_path / "src", per_class=10, hw=(32, 40), ext="png")).items
     note = plan(items, CodecConfig(size=256), None).note
     assert "median short side 32 px" in note and "~64x larger" in note and "consider --size 32" in note
     assert plan(items, CodecConfig(size=48), None).note == ""        # 1.5x: a normal resize, no note

@@ -31,7 +31,8 @@ def _long_list(image_folder: Path, tmp_path: Path, copies: int = 8) -> Path:
     return lst
 
 
-def test_ctrl_c_stops_the_pool_without_worker_tracebacks_and_resumes(image_folder, tmp_path):
+def _start_long_build(image_folder: Path, tmp_path: Path):
+    """(process, command, DEST) of a 2-worker CLI build of 960 inputs, once its first shard is journaled."""
     lst, dest = _long_list(image_folder, tmp_path), tmp_path / "c"
     cmd = [sys.executable, "-m", "fastdata.cli", "build-cache", str(lst), str(dest), "--workers", "2",
            "--size", "256", "--shard-size", "2MB", "--no-progress"]
@@ -40,6 +41,11 @@ def test_ctrl_c_stops_the_pool_without_worker_tracebacks_and_resumes(image_folde
     deadline = time.time() + 60
     while proc.poll() is None and time.time() < deadline and not journal.exists():
         time.sleep(0.01)
+    return proc, cmd, dest
+
+
+def test_ctrl_c_stops_the_pool_without_worker_tracebacks_and_resumes(image_folder, tmp_path):
+    proc, cmd, dest = _start_long_build(image_folder, tmp_path)
     os.killpg(proc.pid, signal.SIGINT)   # what the terminal does: every process of the group gets it
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -137,14 +143,7 @@ def test_counts_are_cross_checked_against_the_shards(image_folder, tmp_path):
 def test_sigterm_to_the_build_stops_its_workers_and_resumes(image_folder, tmp_path):
     """`docker stop` or Slurm's time limit: SIGTERM to the build process alone. Python's default ended it on
     the spot and left the pool's workers running; now it unwinds like Ctrl-C, exit 143."""
-    lst, dest = _long_list(image_folder, tmp_path), tmp_path / "c"
-    cmd = [sys.executable, "-m", "fastdata.cli", "build-cache", str(lst), str(dest), "--workers", "2",
-           "--size", "256", "--shard-size", "2MB", "--no-progress"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT)
-    journal = dest / ".build" / "journal.json"
-    deadline = time.time() + 60
-    while proc.poll() is None and time.time() < deadline and not journal.exists():
-        time.sleep(0.01)
+    proc, cmd, dest = _start_long_build(image_folder, tmp_path)
     workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
     os.kill(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
