@@ -361,3 +361,23 @@ def test_bad_augment_settings_are_named_when_made(kw, needle):
     with pytest.raises(LoaderError, match=re.escape(needle)):
         AugmentConfig(**kw)
     assert AugmentConfig(size=np.int64(32)).size == 32
+
+
+def test_rank_world_and_seed_arguments_are_checked(raw_cache, monkeypatch):
+    """world_size=2 without a rank read rank 0's share in every process; world_size=0 was taken as 1; a
+    negative seed (torch.manual_seed takes one) raised numpy's ValueError."""
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(LoaderError, match="world_size=2 without rank=: give each process its rank"):
+        fastdata.loader(raw_cache, 8, device="cpu", world_size=2)
+    with pytest.raises(LoaderError, match="world_size=0: give 1 or more"):
+        fastdata.loader(raw_cache, 8, device="cpu", world_size=0)
+    with pytest.raises(LoaderError, match="seed=1.5: give an integer"):
+        fastdata.loader(raw_cache, 8, device="cpu", seed=1.5)
+    monkeypatch.setenv("RANK", "1")      # torchrun's variable supplies the missing rank
+    from_env = np.concatenate(epoch_indices(fastdata.loader(raw_cache, 8, device="cpu", world_size=2)))
+    explicit = np.concatenate(epoch_indices(fastdata.loader(raw_cache, 8, device="cpu", world_size=2, rank=1)))
+    assert np.array_equal(from_env, explicit) and len(from_env) == 60
+    monkeypatch.delenv("RANK")
+    a = np.concatenate(epoch_indices(fastdata.loader(raw_cache, 8, device="cpu", seed=-5)))
+    b = np.concatenate(epoch_indices(fastdata.loader(raw_cache, 8, device="cpu", seed=2**64 - 5)))
+    assert np.array_equal(a, b) and sorted(a.tolist()) == list(range(120))

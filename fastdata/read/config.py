@@ -137,6 +137,8 @@ class LoaderConfig:
         if not isinstance(self.batch_size, numbers.Integral) or isinstance(self.batch_size, bool):
             raise LoaderError(f"batch_size={self.batch_size!r}: give a whole number of samples, e.g. "
                               f"batch_size=int(...)")
+        if not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool):
+            raise LoaderError(f"seed={self.seed!r}: give an integer")
         if self.batch_size < 1:
             raise LoaderError(f"batch_size={self.batch_size}: must be at least 1")
         if self.reader_threads < 1 or self.read_ahead < 1:

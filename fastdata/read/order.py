@@ -31,12 +31,27 @@ class OrderConfig:
 
 
 def resolve_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit values, else torch.distributed when initialised, else torchrun's RANK/WORLD_SIZE."""
+    """Explicit values, else torch.distributed when initialised, else torchrun's RANK/WORLD_SIZE. A
+    world_size > 1 given without a rank takes the rank from those too, as DistributedSampler does; with
+    none of them every process would read rank 0's share (each sample world_size times), so it is an error."""
+    if world_size is not None and world_size < 1:
+        raise LoaderError(f"world_size={world_size}: give 1 or more")
     if rank is not None or world_size is not None:
+        if rank is None and world_size > 1:
+            rank = _rank_from_environment()
+            if rank is None:
+                raise LoaderError(f"world_size={world_size} without rank=: give each process its rank, or start "
+                                  f"them with torchrun (RANK) or torch.distributed")
         return rank or 0, world_size or 1
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _rank_from_environment() -> int | None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None
 
 
 def epoch_order(shard_counts: list[int], epoch: int, cfg: OrderConfig) -> np.ndarray:

@@ -153,6 +153,8 @@ def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto"
     dev = torch.device("cpu") if name == "pil" and device == "auto" else resolve_device(device)
     if isinstance(batch_size, numbers.Integral) and not isinstance(batch_size, bool):
         batch_size = int(batch_size)    # numpy's integers too (checked in LoaderConfig.check)
+    if isinstance(seed, numbers.Integral) and seed < 0:
+        seed = int(seed) & (2**64 - 1)  # as torch.manual_seed takes a negative seed (numpy's refuse one)
     cfg = LoaderConfig(batch_size=batch_size, backend=name, device=str(dev), shuffle=shuffle, seed=seed,
                        drop_last=drop_last, augment=augment, threads=threads, prefetch=prefetch, rank=rank,
                        world_size=world_size, options=split_options(name, options)).check()
