@@ -344,3 +344,16 @@ def test_bad_optimizer_settings_are_engine_errors_naming_the_setting(kw, needle)
     """torch's own ValueError (or nothing: clip_grad=-1 and ckpt_every=-5 were taken silently)."""
     with pytest.raises(EngineError, match=needle.replace("(", r"\(")):
         Engine(tiny_net(), EngineConfig(precision="fp32", **kw))
+
+
+def test_a_classifier_smaller_than_the_label_map_is_warned_about_before_it_fails(raw_cache, caplog):
+    """On a GPU a label past the classifier is a bare 'device-side assert triggered'."""
+    from fastdata.engine.engine import warn_head_mismatch
+
+    dl = fastdata.loader(raw_cache, 8, device="cpu", augment=AugmentConfig(size=32))
+    assert dl.num_classes == 10
+    with caplog.at_level("WARNING", logger="fastdata.engine"):
+        assert warn_head_mismatch(SmallNet(4), dl.num_classes)
+    assert "last Linear layer has 4 outputs but the data has 10 classes" in caplog.text
+    assert not warn_head_mismatch(SmallNet(3), 3) and not warn_head_mismatch(SmallNet(10), 3)
+    assert not warn_head_mismatch(nn.Conv2d(3, 3, 1), 3) and not warn_head_mismatch(SmallNet(2), None)

@@ -55,6 +55,19 @@ class Meter:
         self.mark = time.monotonic()
 
 
+def warn_head_mismatch(model: nn.Module, classes: int | None) -> bool:
+    """Warn where the model's last Linear layer has fewer outputs than the data has classes: a label past
+    it fails cross-entropy, on a GPU as a bare 'device-side assert triggered' that also ends the CUDA
+    context. A warning, not an error: the last Linear is usually, not always, the classifier."""
+    heads = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not classes or not heads or heads[-1].out_features >= classes:
+        return False
+    log.warning("the model's last Linear layer has %d outputs but the data has %d classes: labels from %d on "
+                "will fail the loss (on a GPU: 'device-side assert triggered'); build the model with "
+                "num_classes=%d", heads[-1].out_features, classes, heads[-1].out_features, classes)
+    return True
+
+
 IMAGE_KEYS = ("pixel_values", "image", "images", "img", "input", "inputs", "x")
 LABEL_KEYS = ("labels", "label", "target", "targets", "y")
 
@@ -193,6 +206,7 @@ class Engine:
         """
         from ..monitor.nvml import GpuSampler
 
+        warn_head_mismatch(unwrap(self.model), getattr(loader, "num_classes", None))
         meter = Meter()
         self._sampler = GpuSampler().start() if self.device.type == "cuda" else None
         try:

@@ -72,6 +72,14 @@ class Loader:
     def __len__(self) -> int:
         return self.order.batches_per_epoch()
 
+    @property
+    def num_classes(self) -> int | None:
+        """Classes in the data's label map (a cache's manifest, or the folder/list/tar's classes)."""
+        cache = getattr(self.backend, "cache", None)
+        label_map = cache.manifest.label_map if cache is not None else \
+            getattr(getattr(self.backend, "encoded", None), "label_map", None)
+        return len(label_map) if label_map else None
+
     def state_dict(self) -> dict:
         return {"version": STATE_VERSION, "backend": self.backend.kind, "order": self.order.state_dict(),
                 "coverage": self.coverage_audit.state_dict()}
