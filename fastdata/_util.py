@@ -141,8 +141,8 @@ def refuse_url(text: str | Path, what: str) -> None:
                             f"verify, info and the loader")
 
 
-def cgroup_room() -> int | None:
-    """Bytes this process's memory cgroup can still take (v1 or v2), or None without a limit."""
+def _cgroup_memory() -> tuple[int, int] | None:
+    """(limit, usage) in bytes of this process's memory cgroup (v1 or v2), or None without a limit."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -162,8 +162,14 @@ def cgroup_room() -> int | None:
         except (OSError, ValueError):
             continue
         if limit != "max" and int(limit) < 1 << 60:
-            return max(0, int(limit) - usage)
+            return int(limit), usage
     return None
+
+
+def cgroup_room() -> int | None:
+    """Bytes this process's memory cgroup can still take (v1 or v2), or None without a limit."""
+    found = _cgroup_memory()
+    return None if found is None else max(0, found[0] - found[1])
 
 
 def _meminfo(field: str) -> int | None:
@@ -178,8 +184,10 @@ def _meminfo(field: str) -> int | None:
 
 
 def memory_total() -> int:
-    """This machine's RAM (0 where unknown)."""
-    return _meminfo("MemTotal") or 0
+    """The RAM this process may use (0 where unknown): the machine's, or its memory cgroup's limit where
+    that is smaller (a Kubernetes pod limited to 16 GB on a 512 GB node plans for 16 GB)."""
+    known = [x for x in (_meminfo("MemTotal"), (_cgroup_memory() or (None,))[0]) if x]
+    return min(known) if known else 0
 
 
 def memory_budget() -> int:

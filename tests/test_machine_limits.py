@@ -1,5 +1,6 @@
-"""usable_cpus() honours a cgroup CPU quota (a Kubernetes CPU limit, docker --cpus), not only affinity:
-in a pod limited to 8 CPUs on a 96-core node, 96 build workers were throttled to 8 CPUs' time."""
+"""What this process may use, not what the node has: usable_cpus() honours a cgroup CPU quota (a
+Kubernetes CPU limit, docker --cpus), and memory_total() the memory cgroup's limit. In a pod limited to
+8 CPUs on a 96-core node, 96 build workers were throttled to 8 CPUs' time."""
 from __future__ import annotations
 
 import os
@@ -50,3 +51,15 @@ def test_usable_cpus_is_the_smaller_of_affinity_and_quota(monkeypatch):
     assert usable_cpus() == affinity
     monkeypatch.setattr(util, "cgroup_cpu_quota", lambda: None)
     assert usable_cpus() == affinity
+
+
+def test_memory_total_is_the_cgroup_limit_where_that_is_smaller(monkeypatch):
+    """plan and info compared caches with the node's RAM: a 16 GB pod on a 512 GB node was told a 200 GB
+    raw cache 'fits in half of RAM'."""
+    import fastdata._util as util
+
+    monkeypatch.setattr(util, "_meminfo", lambda field: 512 << 30)
+    monkeypatch.setattr(util, "_cgroup_memory", lambda: (16 << 30, 1 << 30))
+    assert util.memory_total() == 16 << 30 and util.cgroup_room() == 15 << 30
+    monkeypatch.setattr(util, "_cgroup_memory", lambda: None)
+    assert util.memory_total() == 512 << 30 and util.cgroup_room() is None
