@@ -48,6 +48,9 @@ def _local_map(workers: int, counter, fn):
         return
     pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_init_worker,
                                initargs=(counter,))
+    # a fork pool starts all its workers at the first submit: do it now, while this process has one
+    # thread (the progress bar's monitor thread starts next; forking beside threads can deadlock a child)
+    pool.submit(int).result()
 
     def run(tasks):
         futures = [pool.submit(fn, t) for t in tasks]

@@ -27,6 +27,9 @@ def _init_worker(counter) -> None:
     _progress = counter
     if mp.current_process().name != "MainProcess":
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # a forked worker inherits the CLI's SIGTERM handler (cli/main.py), which raises: the pool's own
+        # terminate() would then print a traceback from every worker. A worker just ends on SIGTERM.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 _malloc_tuned = False
