@@ -202,6 +202,31 @@ def test_stage_copies_and_falls_back(raw_cache, tmp_path, monkeypatch, caplog):
     assert "not staging" in caplog.text
 
 
+def _stager(barrier, cache, target, queue) -> None:
+    barrier.wait()
+    try:
+        queue.put(str(stage_cache(cache, target)))
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        queue.put(f"{type(e).__name__}: {e}")
+
+
+def test_ranks_staging_the_same_cache_at_once_make_one_copy(raw_cache, tmp_path):
+    """torchrun's ranks on one node all pass the same stage folder: each took the others' half-made copy
+    for a killed run's leftover and deleted it under them."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    barrier, queue, target = ctx.Barrier(4), ctx.Queue(), tmp_path / "shm" / "c"
+    procs = [ctx.Process(target=_stager, args=(barrier, raw_cache, target, queue)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    outcomes = sorted(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert outcomes == [str(target)] * 4 and verify_cache(target).ok
+    assert not (tmp_path / "shm" / "c.staging").exists()
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["build-cache", "/nonexistent/src", "/tmp/x"], "does not exist"),
     (["build-cache", "/dev/null", "/tmp/x"], "neither a folder nor a regular file"),

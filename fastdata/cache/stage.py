@@ -8,7 +8,10 @@ is returned, so a job never fails because staging could not happen.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -35,16 +38,38 @@ def _is_tmpfs(path: Path) -> bool:
     return fstype == "tmpfs"
 
 
+@contextlib.contextmanager
+def _one_stager(target: Path):
+    """One process at a time stages into target: torchrun's ranks on a node all call the loader with the
+    same stage folder, and each deleted the others' half-made copy as a leftover of a killed run. The
+    others wait here, then find the copy made. The lock file beside target is ours and stays."""
+    fd = os.open(target.with_name(f".{target.name}.stage-lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:   # a filesystem without flock: stage unguarded, as before
+            log.warning("%s: no file locks here, so processes staging at once are not kept apart", target.parent)
+        yield
+    finally:
+        os.close(fd)
+
+
 def stage_cache(cache: str | Path, target: str | Path) -> Path:
     """Copy cache to target (e.g. /dev/shm/name) and return the path to read from."""
     refuse_url(target, "stage target")
     cache, target = Path(cache), Path(target)
     m = load_manifest(cache)
-    if (target / MANIFEST).exists() and (target / MARKER).exists():
-        if load_manifest(target).shards == m.shards:
-            return target
-    need = sum(s.bytes for s in m.shards)
     target.parent.mkdir(parents=True, exist_ok=True)
+    with _one_stager(target):
+        if (target / MANIFEST).exists() and (target / MARKER).exists():
+            if load_manifest(target).shards == m.shards:
+                return target
+        return _copy(cache, target, m)
+
+
+def _copy(cache: Path, target: Path, m) -> Path:
+    """The staging itself, under _one_stager: capacity checks, then a copy renamed into place."""
+    need = sum(s.bytes for s in m.shards)
     free = shutil.disk_usage(target.parent).free
     room = cgroup_room() if _is_tmpfs(target.parent) else None
     short = []
