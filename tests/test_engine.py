@@ -335,7 +335,7 @@ def test_a_compiler_that_cannot_run_falls_back_to_eager_and_says_why(caplog):
 
 @pytest.mark.parametrize("kw,needle", [
     (dict(lr=-1), "lr=-1: give a learning rate of 0 or more"),
-    (dict(clip_grad=0.0), "clip_grad=0.0: give a positive norm, or None"),
+    (dict(clip_grad=-1.0), "clip_grad=-1.0: give a positive norm, or None"),
     (dict(ckpt_every=-5), "ckpt_every=-5: give 0"),
     (dict(weight_decay=-1e-4), "weight_decay=-0.0001: give 0 or more"),
     (dict(momentum=-0.5), "momentum=-0.5: give 0 or more"),

@@ -50,8 +50,8 @@ class EngineConfig:
             (self.lr >= 0, f"lr={self.lr}: give a learning rate of 0 or more"),
             (self.weight_decay >= 0, f"weight_decay={self.weight_decay}: give 0 or more"),
             (self.momentum >= 0, f"momentum={self.momentum}: give 0 or more (0.9 is usual)"),
-            (self.clip_grad is None or self.clip_grad > 0, f"clip_grad={self.clip_grad}: give a positive norm, "
-                                                           f"or None for no clipping"),
+            (self.clip_grad is None or self.clip_grad >= 0, f"clip_grad={self.clip_grad}: give a positive norm, "
+                                                            f"or None (or 0) for no clipping"),
             (self.ckpt_every >= 0, f"ckpt_every={self.ckpt_every}: give 0 (only at the end) or more"),
         ]
         for ok, msg in checks:
