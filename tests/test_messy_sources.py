@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 from pathlib import Path
@@ -314,3 +315,18 @@ def test_a_jpeg_over_pils_pixel_limit_is_built_at_reduced_scale(tmp_path, monkey
     assert np.abs(got - ref).mean() < 4      # the same picture: ramps and a checkerboard, drafted
     with pytest.raises(BuildError, match="no input could be decoded"):   # 900 px: no draft applies
         build(tmp_path / "src", tmp_path / "c900", workers=0, size=900)
+
+
+@pytest.mark.parametrize("name,needle", [
+    ("train.zip", "train.zip holds the images: unpack it first (unzip"),
+    ("imagenet.tar.gz", "imagenet.tar.gz holds the images: unpack it first (tar xzf"),
+    ("data-00000.parquet", "is a Parquet data set (Hugging Face datasets): save its images to class folders"),
+    ("cifar.npz", "is NumPy arrays: save its images"),
+])
+def test_a_folder_holding_a_downloaded_archive_says_what_to_do(tmp_path, name, needle):
+    """Kaggle zips, .tar.gz downloads and Hugging Face parquet files: 'no image files found' said nothing."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / name).write_bytes(b"not unpacked")
+    with pytest.raises(SourceError, match=re.escape(needle)):
+        build(tmp_path / "src", tmp_path / "c", workers=0)
+    assert not (tmp_path / "c").exists()

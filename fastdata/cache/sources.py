@@ -223,9 +223,30 @@ def discover(src: str | Path, images_only: bool = True, *, exclude: tuple[str | 
     if not source.items:
         what = "image files (" + ", ".join(sorted(IMAGE_EXTS)) + ")" if images_only else "files"
         skipped = f" ({source.skipped_summary()})" if source.skipped else ""
-        raise SourceError(f"SRC {src}: no {what} found{skipped}; expected class sub-folders of images, "
-                          f"or use --encode bytes for other files")
+        packed = _packed_hint(src, source.skipped)
+        raise SourceError(f"SRC {src}: no {what} found{skipped}; " + (packed or "expected class sub-folders "
+                          "of images, or use --encode bytes for other files"))
     return source
+
+
+# data sets as they are often downloaded: the images are inside these, not beside them
+_UNPACK = "{name} holds the images: unpack it first ({how}), then give the folder as SRC"
+_EXPORT = "{name} is {what}: save its images to class folders first, then give that folder as SRC"
+_PACKED = {".zip": _UNPACK.replace("{how}", "unzip {name}"), ".tgz": _UNPACK.replace("{how}", "tar xzf {name}"),
+           ".gz": _UNPACK.replace("{how}", "tar xzf {name}; or gunzip -k {name} and give the .tar"),
+           ".parquet": _EXPORT.replace("{what}", "a Parquet data set (Hugging Face datasets)"),
+           ".arrow": _EXPORT.replace("{what}", "an Arrow data set (Hugging Face datasets)"),
+           ".tfrecord": _EXPORT.replace("{what}", "a TFRecord data set"),
+           ".npy": _EXPORT.replace("{what}", "a NumPy array"), ".npz": _EXPORT.replace("{what}", "NumPy arrays")}
+
+
+def _packed_hint(src: Path, skipped) -> str:
+    """What to do where SRC holds archives or packed data sets instead of images, naming one."""
+    for rel, _ in skipped:
+        template = _PACKED.get(os.path.splitext(rel)[1].lower())
+        if template:
+            return template.format(name=src / rel)
+    return ""
 
 
 def partition(items: tuple[Item, ...], part: tuple[int, int] | None) -> tuple[Item, ...]:
