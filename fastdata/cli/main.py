@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 from .. import demo
 from ..errors import FastdataError
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):   # file names that are not UTF-8 print escaped, not crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    previous = signal.signal(signal.SIGTERM, _terminated)   # (train installs its own while it trains)
+    main_thread = threading.current_thread() is threading.main_thread()   # (signals go to that one only)
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None   # train sets its own
     try:
         code = fn(a)
         sys.stdout.flush()   # inside the try: a closed pipe shows up here, not at interpreter exit
@@ -60,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fastdata {a.cmd}: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 class Terminated(KeyboardInterrupt):
