@@ -174,3 +174,20 @@ def test_a_storage_error_names_the_input_it_came_from(messy_folder, tmp_path, mo
     monkeypatch.setattr(jobs, "read_input", flaky)
     with pytest.raises(BuildError, match="zz_grey.jpg"):
         _gpu_build(monkeypatch, messy_folder, tmp_path / "gpu")
+
+
+def test_the_nvjpeg_loader_reads_each_photos_exif_turn():
+    """nvJPEG ignores EXIF orientation: the nvjpeg loader gave sideways phone photos where pil and DALI
+    turn them. Its reader threads now read each JPEG's turn, and the GPU thread applies upright()."""
+    import torch
+
+    from fastdata.cache.gpu_build import upright
+    from fastdata.read.backends.nvjpeg import exif_turns
+
+    arr = np.random.default_rng(0).integers(0, 255, (40, 64, 3), dtype=np.uint8)
+    batch = [np.frombuffer(_jpeg(arr, o), np.uint8) for o in (1, 6, 1, 8)]
+    assert exif_turns(batch).tolist() == [1, 6, 1, 8] and exif_turns([batch[0], batch[2]]) is None
+    x = torch.from_numpy(arr).permute(2, 0, 1)
+    for o in (6, 8):
+        ref = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(_jpeg(arr, o)))))
+        assert tuple(upright(x, o).shape[1:]) == ref.shape[:2] == (64, 40)

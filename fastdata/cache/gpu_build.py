@@ -76,11 +76,16 @@ def gpu_decodable(data: bytes) -> int | None:
     return orientation if bits == 8 and components in (1, 3) and 1 <= orientation <= 8 else None
 
 
+def upright(x: torch.Tensor, orientation: int) -> torch.Tensor:
+    """(C, H, W) as stored -> turned as PIL's exif_transpose turns it (a view; 1 or unknown: x itself).
+    nvJPEG, through torchvision or our binding, ignores EXIF orientation on the GPU."""
+    return _ORIENT[orientation](x) if orientation in _ORIENT else x
+
+
 def resize_like_codec(x: torch.Tensor, orientation: int, codec: CodecConfig) -> torch.Tensor:
     """(3, H, W) uint8 as decoded -> (h, w, 3) uint8 upright, cropped and resized as codecs.decode does
     (the box rounded to whole pixels; antialiased bilinear, as PIL's BILINEAR when shrinking)."""
-    if orientation in _ORIENT:
-        x = _ORIENT[orientation](x)
+    x = upright(x, orientation)
     h, w = x.shape[1], x.shape[2]
     (ow, oh), (left, top, right, bottom) = _target(w, h, codec)
     l, t = int(round(left)), int(round(top))

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from ...errors import DependencyError, LoaderError
-from ...cache.jpeg_header import baseline_size
+from ...cache.gpu_build import upright
+from ...cache.jpeg_header import baseline_size, jpeg_frame
 from ..augment import apply_plan, normalize, plan_tensor, resolve_kernel
 from ..crop import plan_rows
 from ..crop_box import crop_boxes
@@ -38,6 +39,13 @@ from ..hw_decode import HardwareDecodeError, open_hardware_decoder
 from . import BaseBackend
 from .decode import batch_rng, read_encoded, source_attrs
 from .gpu_resize import crop_resize, pack
+
+
+def exif_turns(encoded) -> np.ndarray | None:
+    """Reader thread: each JPEG's EXIF orientation (1..8), or None when every image is upright. nvJPEG
+    ignores it, so photos from a camera held sideways came out sideways where pil and DALI turn them."""
+    turns = np.array([(jpeg_frame(e) or (0, 0, 0, 0, 1))[4] for e in encoded], dtype=np.int64)
+    return turns if (turns != 1).any() else None
 
 
 class NvjpegBackend(BaseBackend):
@@ -65,7 +73,8 @@ class NvjpegBackend(BaseBackend):
     def read(self, key, idx: np.ndarray, _slot):
         rng = batch_rng(self.cfg.seed, key, self.cfg.batch_size)
         encoded, labels, flips = read_encoded(self.encoded, idx, self.cfg.augment, rng)
-        return encoded, labels, flips, rng, idx, self._baseline_sizes(encoded)
+        turns = None if self.encoded.kind == "cache-jpeg" else exif_turns(encoded)   # a cache is upright
+        return encoded, labels, flips, rng, idx, self._baseline_sizes(encoded), turns
 
     def _baseline_sizes(self, encoded) -> tuple[np.ndarray, np.ndarray] | None:
         """Reader thread: (heights, widths) when the engines can take every image of the batch."""
@@ -110,14 +119,16 @@ class NvjpegBackend(BaseBackend):
 
     def _prepare(self, out):
         """GPU thread, own stream: the finished batch and the event that marks it ready."""
-        encoded, labels, flips, rng, idx, sizes = out
+        encoded, labels, flips, rng, idx, sizes, turns = out
         with torch.cuda.stream(self._stream):
-            decoded = self._decode(encoded, idx, sizes)
+            raw = decoded = self._decode(encoded, idx, sizes)
+            if turns is not None:   # phone photos: turned as PIL and DALI turn them, then contiguous
+                decoded = [upright(x, int(t)).contiguous() if t != 1 else x for x, t in zip(raw, turns)]
             images = self._augment(decoded, rng, flips)
             labels = labels.to(self.device)
             ready = torch.cuda.Event()
             ready.record(self._stream)
-        self._hold(ready, (decoded, encoded))
+        self._hold(ready, (raw, decoded, encoded))   # raw too: the turning copies read it on our stream
         return images, labels, ready
 
     def _hold(self, ready, kept) -> None:
