@@ -278,4 +278,6 @@ def test_nvjpeg_loader_turns_phone_photos_as_pil_does(tmp_path):
         got[backend] = next(iter(dl)).images.float().cpu()
     diff = (got["nvjpeg"] - got["pil"]).abs().mean(dim=(1, 2, 3))
     print(f"nvjpeg vs pil per image (orientations 1, 6, 3, 8): {diff.tolist()}")
-    assert diff.max() < 0.1      # normalised units: a sideways image differs by ~1
+    # normalised units: resize filters differ by ~0.14 on this pattern (DALI against pil on the CPU box,
+    # every orientation alike); a sideways image differs by ~1
+    assert diff.max() < 0.4 and diff.max() - diff.min() < 0.1
