@@ -147,3 +147,24 @@ def noise_folder(root, classes=("a", "b"), per_class: int = 3, hw=(40, 48), ext:
         for k in range(per_class):
             Image.fromarray(rng.integers(0, 255, (*hw, 3), dtype=np.uint8)).save(root / cls / f"{k}.{ext}")
     return root
+
+
+def exif_photos(root, orientations=(1, 6, 3, 8)):
+    """An ImageFolder (one class) of the same picture (ramps and a checkerboard) saved with each EXIF
+    orientation, as phone cameras store photos taken sideways."""
+    import io
+    from pathlib import Path
+
+    from PIL import Image
+
+    yy, xx = np.mgrid[0:48, 0:80]
+    arr = np.stack([xx * 3, yy * 5, (xx // 8 + yy // 8) % 2 * 255], -1).astype(np.uint8)
+    folder = Path(root) / "a"
+    folder.mkdir(parents=True, exist_ok=True)
+    for k, o in enumerate(orientations):
+        exif = Image.Exif()
+        exif[0x0112] = o
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, "JPEG", quality=95, exif=exif.tobytes())
+        (folder / f"{k}.jpg").write_bytes(buf.getvalue())
+    return Path(root)

@@ -231,21 +231,11 @@ def test_a_file_dali_cannot_read_but_pil_can_gets_a_message_that_says_so(tmp_pat
 def test_dali_and_pil_turn_exif_rotated_photos_alike(tmp_path):
     """Both apply EXIF orientation (DALI's adjust_orientation, PIL's exif_transpose): photos from a camera
     held sideways read the same way up from either backend (nvjpeg's turn: tests/gpu)."""
-    import io
-
-    from PIL import Image
-
     from fastdata import loader
 
-    yy, xx = np.mgrid[0:48, 0:80]
-    arr = np.stack([xx * 3, yy * 5, (xx // 8 + yy // 8) % 2 * 255], -1).astype(np.uint8)
-    (tmp_path / "src" / "a").mkdir(parents=True)
-    for k, o in enumerate((1, 6, 3, 8)):
-        exif = Image.Exif()
-        exif[0x0112] = o
-        buf = io.BytesIO()
-        Image.fromarray(arr).save(buf, "JPEG", quality=95, exif=exif.tobytes())
-        (tmp_path / "src" / "a" / f"{k}.jpg").write_bytes(buf.getvalue())
+    from helpers import exif_photos
+
+    exif_photos(tmp_path / "src")
     aug = AugmentConfig(size=32, train=False, crop_fraction=1.0, dtype="float32")
     got = {b: next(iter(loader(tmp_path / "src", 4, backend=b, device="cpu", shuffle=False, augment=aug))).images
            for b in ("dali", "pil")}

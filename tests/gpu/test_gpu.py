@@ -257,20 +257,11 @@ def test_nvjpeg_build_matches_the_cpu_build(image_folder, tmp_path):
 def test_nvjpeg_loader_turns_phone_photos_as_pil_does(tmp_path):
     """nvJPEG ignores EXIF orientation; the nvjpeg loader applies it (exif_turns + upright), so a folder of
     photos taken sideways reads as the pil backend reads it."""
-    import io
-
-    from PIL import Image
+    from helpers import exif_photos
 
     pytest.importorskip("torchvision")
-    yy, xx = np.mgrid[0:48, 0:80]
-    arr = np.stack([xx * 3, yy * 5, (xx // 8 + yy // 8) % 2 * 255], -1).astype(np.uint8)
-    for k, o in enumerate((1, 6, 3, 8)):
-        (tmp_path / "src" / "a").mkdir(parents=True, exist_ok=True)
-        exif = Image.Exif()
-        exif[0x0112] = o
-        buf = io.BytesIO()
-        Image.fromarray(arr).save(buf, "JPEG", quality=95, exif=exif.tobytes())
-        (tmp_path / "src" / "a" / f"{k}.jpg").write_bytes(buf.getvalue())
+
+    exif_photos(tmp_path / "src")
     aug = AugmentConfig(size=32, train=False, crop_fraction=1.0, dtype="float32")
     got = {}
     for backend in ("nvjpeg", "pil"):
