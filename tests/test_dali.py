@@ -203,7 +203,7 @@ def test_a_folder_with_a_gif_is_read_by_pil_under_auto_and_refused_by_name(tmp_p
     gif = tmp_path / "src" / "b" / "moving.gif"
     frames = [Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)) for _ in range(2)]
     frames[0].save(gif, save_all=True, append_images=frames[1:])
-    with pytest.raises(LoaderError, match=f"1 file\\(s\\) DALI cannot decode \\(GIF\\), e.g. {gif}; use backend='pil'"):
+    with pytest.raises(LoaderError, match=f"1 file\\(s\\) backend dali cannot decode \\(GIF\\), e.g. {gif}; use backend='pil'"):
         loader(tmp_path / "src", 4, backend="dali", device="cpu")
     with caplog.at_level("WARNING", logger="fastdata.loader"):
         auto = loader(tmp_path / "src", 4, backend="auto", device="cpu", shuffle=False, augment=EVAL["augment"])

@@ -381,3 +381,21 @@ def test_rank_world_and_seed_arguments_are_checked(raw_cache, monkeypatch):
     a = np.concatenate(epoch_indices(fastdata.loader(raw_cache, 8, device="cpu", seed=-5)))
     b = np.concatenate(epoch_indices(fastdata.loader(raw_cache, 8, device="cpu", seed=2**64 - 5)))
     assert np.array_equal(a, b) and sorted(a.tolist()) == list(range(120))
+
+
+def test_a_folder_with_pngs_is_not_sent_to_nvjpeg(tmp_path):
+    """nvJPEG reads JPEGs only: auto on a GPU without DALI chose nvjpeg for a PNG folder (CIFAR's) and its
+    first batch failed. Checked on the config, which needs no GPU."""
+    from fastdata.read.config import LoaderConfig, NvjpegOptions
+    from fastdata.read.encoded import EncodedSource
+    from fastdata.read.verbs import _decodable_backend
+
+    from helpers import noise_folder
+
+    source = EncodedSource(noise_folder(tmp_path / "png", ext="png"))
+    cfg = LoaderConfig(batch_size=4, backend="nvjpeg", augment=AugmentConfig(size=32), options=NvjpegOptions())
+    assert _decodable_backend(source, cfg, "auto").backend == "pil"
+    with pytest.raises(LoaderError, match=r"6 file\(s\) backend nvjpeg cannot decode \(not JPEG\)"):
+        _decodable_backend(source, cfg, "nvjpeg")
+    jpegs = EncodedSource(noise_folder(tmp_path / "jpg"))
+    assert _decodable_backend(jpegs, cfg, "auto") is cfg

@@ -89,21 +89,24 @@ def _pick(backend: str, data, augment, device: str) -> str:
     return chosen
 
 
-# formats PIL (and so the build and backend pil) reads but DALI's image decoder does not: one such file
-# fails a whole DALI batch, with a message that names no file
-DALI_UNREADABLE = (".gif",)
+def _unreadable(backend: str, key: str) -> bool:
+    """Whether the backend's decoder cannot read this input, by its name: DALI reads no GIF (one failed a
+    whole batch, naming no file); nvJPEG reads JPEGs only (a PNG folder failed its first batch)."""
+    ext = key.lower().rsplit(".", 1)[-1]
+    return ext == "gif" if backend == "dali" else backend == "nvjpeg" and ext not in ("jpg", "jpeg")
 
 
-def _away_from_dali(source, cfg: LoaderConfig, requested: str) -> LoaderConfig:
-    """cfg, or backend pil where the inputs hold files DALI cannot decode: chosen by auto/cpu, PIL reads
-    them (with a warning that says why); asked for by name, a LoaderError names them."""
-    refused = [it.path for it in source.items or () if it.key.lower().endswith(DALI_UNREADABLE)]
+def _decodable_backend(source, cfg: LoaderConfig, requested: str) -> LoaderConfig:
+    """cfg, or backend pil where the inputs hold files the chosen GPU decoder cannot read: chosen by
+    auto/cpu, PIL reads them (with a warning that says why); asked for by name, a LoaderError names them."""
+    refused = [it.path for it in source.items or () if _unreadable(cfg.backend, it.key)]
     if not refused:
         return cfg
-    what = f"{len(refused)} file(s) DALI cannot decode (GIF), e.g. {refused[0]}"
-    if requested == "dali":
+    kind = "GIF" if cfg.backend == "dali" else "not JPEG"
+    what = f"{len(refused)} file(s) backend {cfg.backend} cannot decode ({kind}), e.g. {refused[0]}"
+    if requested == cfg.backend:
         raise LoaderError(f"{source.path}: {what}; use backend='pil', convert them, or build a cache with "
-                          f"`fastdata build-cache` (which decodes GIFs)")
+                          f"`fastdata build-cache` (which decodes every format PIL reads)")
     log.warning("%s: %s; decoding with PIL instead (backend='pil'); build a cache with "
                 "`fastdata build-cache` for speed", source.path, what)
     return dataclasses.replace(cfg, backend="pil", options=DecodeOptions(integrity=cfg.options.integrity)).check()
@@ -123,8 +126,8 @@ def _make_backend(data, cfg: LoaderConfig, device: torch.device, requested: str 
     from .encoded import EncodedSource
 
     source = EncodedSource(data.path if isinstance(data, Cache) else data, cfg.options.integrity)
-    if cfg.backend == "dali":
-        cfg = _away_from_dali(source, cfg, requested)
+    if cfg.backend in ("dali", "nvjpeg"):
+        cfg = _decodable_backend(source, cfg, requested)
     if cfg.backend == "pil":
         from .backends.pil import PilBackend as cls
     elif cfg.backend == "nvjpeg":
