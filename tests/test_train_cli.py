@@ -239,3 +239,19 @@ def test_an_unwritable_ckpt_dir_stops_the_run_before_it_trains(raw_cache, tmp_pa
     err = capsys.readouterr().err
     assert f"{blocker / 'ck'}: cannot write checkpoints there" in err and "choose another --ckpt-dir" in err
     assert "step 1 loss" not in err
+
+
+def test_auto_batch_size_is_capped_at_the_samples_an_epoch_gives(raw_cache, monkeypatch):
+    """The search runs on synthetic input and chose 1,024-2,048 on the CPU box for a 150-image set:
+    one short batch an epoch. The batch is now at most this rank's share of the data. (The search
+    itself is timing-dependent; it is replaced here by what it chose there.)"""
+    import fastdata.cli.train as train
+    from fastdata.cli.assemble import RunConfig, assemble
+    from fastdata.engine.config import EngineConfig
+
+    monkeypatch.setattr(train, "auto_batch", lambda engine, size, classes: (2048, None))
+
+    run = assemble(RunConfig(data=str(raw_cache), model="smallnet", batch_size="auto", image_size=32,
+                             engine=EngineConfig(precision="fp32")))
+    assert run.batch_size == 120 and run.loader.cfg.batch_size == 120 and len(run.loader) == 1
+    run.loader.close()

@@ -11,10 +11,13 @@ through here, so every run settles each setting once, in one order:
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from ..engine.config import EngineConfig
 from ..errors import FastdataError
+
+log = logging.getLogger("fastdata.engine")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,4 +71,10 @@ def assemble(run: RunConfig) -> Run:
     else:
         bs, curve = int(run.batch_size), None
     loader = build_loader(run, bs, engine.device, rank(), world_size())
+    share = sum(loader.order.shard_counts) // loader.order.cfg.world_size if run.batch_size == "auto" else bs
+    if bs > share:   # the search ran on synthetic input; a batch past this rank's data is one short batch
+        log.info("auto batch size %d exceeds the %d samples an epoch gives this rank: using %d", bs, share, share)
+        loader.close()
+        bs = share
+        loader = build_loader(run, bs, engine.device, rank(), world_size())
     return Run(engine, loader, bs, curve)
