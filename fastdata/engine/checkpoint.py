@@ -69,12 +69,12 @@ def saved_step(path: Path) -> int | None:
 def save_checkpoint(path: str | Path, state: dict) -> Path | None:
     """Write state atomically; returns None (and writes nothing) when path holds a later step."""
     path = Path(path)
-    ensure_writable(path.parent)
     if path.exists() and (prev := saved_step(path)) is not None and prev > state["step"]:
         log.warning("%s holds step %d, later than this run's step %d: left as it is", path, prev, state["step"])
         return None
     tmp = path.with_name(path.name + ".tmp")
-    try:
+    try:   # (no probe file here: train probes the folder once before it trains, and this names the cause)
+        path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(state, tmp)
         atomic_replace(tmp, path)
     except (OSError, RuntimeError) as e:   # a full disk surfaces from torch's zip writer as RuntimeError
