@@ -186,7 +186,8 @@ def _meminfo(field: str) -> int | None:
 def memory_total() -> int:
     """The RAM this process may use (0 where unknown): the machine's, or its memory cgroup's limit where
     that is smaller (a Kubernetes pod limited to 16 GB on a 512 GB node plans for 16 GB)."""
-    known = [x for x in (_meminfo("MemTotal"), (_cgroup_memory() or (None,))[0]) if x]
+    cgroup = _cgroup_memory()
+    known = [x for x in (_meminfo("MemTotal"), cgroup[0] if cgroup else None) if x]
     return min(known) if known else 0
 
 
