@@ -51,19 +51,21 @@ def _quota_at(folder: Path) -> float | None:
         return None
 
 
-def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> float | None:
-    """The tightest CPU quota on this process's cgroup path, up to the root (v1 or v2), in CPUs."""
+def _cgroup_folders(controller: str, root: Path, proc: Path) -> list[Path]:
+    """This process's cgroup folders for one controller (v1 or v2), each from its leaf up to the
+    controller's root, for the limits of every level (a pod's limit sits above its container's)."""
     try:
         lines = proc.read_text().splitlines()
     except OSError:
-        return None
-    found = []
+        return []
+    folders = []
     for line in lines:
         _, controllers, rel = line.split(":", 2)
         if controllers == "":
             base = root
-        elif "cpu" in controllers.split(","):
-            base = next((p for p in (root / controllers, root / "cpu", root / "cpu,cpuacct") if p.is_dir()), None)
+        elif controller in controllers.split(","):
+            base = next((p for p in (root / controllers, root / controller, root / f"{controller},cpuacct")
+                         if p.is_dir()), None)
             if base is None:
                 continue
         else:
@@ -71,12 +73,17 @@ def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/pr
         # inside a container the path may be the host's (not mounted here): its root is the container's
         folder = base / rel.lstrip("/")
         while True:
-            quota = _quota_at(folder) if folder.is_dir() else None
-            if quota is not None:
-                found.append(quota)
+            if folder.is_dir():
+                folders.append(folder)
             if folder == base:
                 break
             folder = folder.parent
+    return folders
+
+
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The tightest CPU quota on this process's cgroup path, up to the root (v1 or v2), in CPUs."""
+    found = [q for q in map(_quota_at, _cgroup_folders("cpu", root, proc)) if q is not None]
     return min(found) if found else None
 
 
@@ -141,35 +148,30 @@ def refuse_url(text: str | Path, what: str) -> None:
                             f"verify, info and the loader")
 
 
-def _cgroup_memory() -> tuple[int, int] | None:
-    """(limit, usage) in bytes of this process's memory cgroup (v1 or v2), or None without a limit."""
+def _memory_at(folder: Path) -> tuple[int, int] | None:
+    """(limit, usage) of one memory cgroup folder (v2 memory.max/current, v1 limit/usage_in_bytes), or
+    None without a limit there."""
+    v2 = (folder / "memory.max").is_file()
+    names = ("memory.max", "memory.current") if v2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
+        limit, usage = (folder / names[0]).read_text().strip(), int((folder / names[1]).read_text())
+    except (OSError, ValueError):
         return None
-    for line in lines:
-        _, controllers, rel = line.split(":", 2)
-        if controllers == "":   # v2
-            base = Path("/sys/fs/cgroup") / rel.lstrip("/")
-            files = (base / "memory.max", base / "memory.current")
-        elif "memory" in controllers.split(","):
-            base = Path("/sys/fs/cgroup/memory") / rel.lstrip("/")
-            files = (base / "memory.limit_in_bytes", base / "memory.usage_in_bytes")
-        else:
-            continue
-        try:
-            limit, usage = files[0].read_text().strip(), int(files[1].read_text())
-        except (OSError, ValueError):
-            continue
-        if limit != "max" and int(limit) < 1 << 60:
-            return int(limit), usage
-    return None
+    return (int(limit), usage) if limit != "max" and int(limit) < 1 << 60 else None
+
+
+def _cgroup_memory(root: Path = Path("/sys/fs/cgroup"),
+                   proc: Path = Path("/proc/self/cgroup")) -> tuple[int, int] | None:
+    """(the smallest limit, the least room left) in bytes over the levels of this process's memory
+    cgroup path (v1 or v2), or None without a limit on it."""
+    found = [m for m in map(_memory_at, _cgroup_folders("memory", root, proc)) if m is not None]
+    return (min(m[0] for m in found), max(0, min(m[0] - m[1] for m in found))) if found else None
 
 
 def cgroup_room() -> int | None:
     """Bytes this process's memory cgroup can still take (v1 or v2), or None without a limit."""
     found = _cgroup_memory()
-    return None if found is None else max(0, found[0] - found[1])
+    return None if found is None else found[1]
 
 
 def _meminfo(field: str) -> int | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fastdata._util import cgroup_cpu_quota, usable_cpus
+from fastdata._util import _cgroup_memory, cgroup_cpu_quota, usable_cpus
 
 
 def _write(path: Path, text: str) -> None:
@@ -59,7 +59,32 @@ def test_memory_total_is_the_cgroup_limit_where_that_is_smaller(monkeypatch):
     import fastdata._util as util
 
     monkeypatch.setattr(util, "_meminfo", lambda field: 512 << 30)
-    monkeypatch.setattr(util, "_cgroup_memory", lambda: (16 << 30, 1 << 30))
+    monkeypatch.setattr(util, "_cgroup_memory", lambda: (16 << 30, 15 << 30))
     assert util.memory_total() == 16 << 30 and util.cgroup_room() == 15 << 30
     monkeypatch.setattr(util, "_cgroup_memory", lambda: None)
     assert util.memory_total() == 512 << 30 and util.cgroup_room() is None
+
+
+def test_memory_limit_and_room_are_the_tightest_levels_of_the_path(tmp_path):
+    """A pod's limit sits above its container's cgroup: the container's own memory.max says max."""
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/kubepods/pod1/ctr\n")
+    pod, ctr = tmp_path / "fs" / "kubepods" / "pod1", tmp_path / "fs" / "kubepods" / "pod1" / "ctr"
+    _write(pod / "memory.max", f"{16 << 30}\n")
+    _write(pod / "memory.current", f"{10 << 30}\n")      # the pod's other containers use memory too
+    _write(ctr / "memory.max", "max\n")
+    _write(ctr / "memory.current", f"{2 << 30}\n")
+    assert _cgroup_memory(tmp_path / "fs", proc) == (16 << 30, 6 << 30)
+    _write(ctr / "memory.max", f"{4 << 30}\n")
+    assert _cgroup_memory(tmp_path / "fs", proc) == (4 << 30, 2 << 30)
+
+
+def test_v1_memory_cgroup_and_no_limit(tmp_path):
+    proc = tmp_path / "cgroup"
+    proc.write_text("4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n")
+    _write(tmp_path / "fs" / "memory" / "memory.limit_in_bytes", "9223372036854771712\n")   # v1's "none"
+    _write(tmp_path / "fs" / "memory" / "memory.usage_in_bytes", "1000\n")
+    assert _cgroup_memory(tmp_path / "fs", proc) is None
+    _write(tmp_path / "fs" / "memory" / "memory.limit_in_bytes", f"{1 << 30}\n")
+    assert _cgroup_memory(tmp_path / "fs", proc) == (1 << 30, (1 << 30) - 1000)
+    assert _cgroup_memory(tmp_path / "fs", tmp_path / "missing") is None
