@@ -182,11 +182,14 @@ def test_the_nvjpeg_loader_reads_each_photos_exif_turn():
     import torch
 
     from fastdata.cache.gpu_build import upright
+    from fastdata.cache.jpeg_header import baseline_size, jpeg_scan
     from fastdata.read.backends.nvjpeg import exif_turns
 
     arr = np.random.default_rng(0).integers(0, 255, (40, 64, 3), dtype=np.uint8)
-    batch = [np.frombuffer(_jpeg(arr, o), np.uint8) for o in (1, 6, 1, 8)]
+    batch = [jpeg_scan(np.frombuffer(_jpeg(arr, o), np.uint8)) for o in (1, 6, 1, 8)]
     assert exif_turns(batch).tolist() == [1, 6, 1, 8] and exif_turns([batch[0], batch[2]]) is None
+    assert exif_turns([None, batch[1]]).tolist() == [1, 6]        # not a JPEG: taken as upright
+    assert [baseline_size(scan=s) for s in batch] == [(40, 64)] * 4   # the frame as stored, from one scan
     x = torch.from_numpy(arr).permute(2, 0, 1)
     for o in (6, 8):
         ref = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(_jpeg(arr, o)))))

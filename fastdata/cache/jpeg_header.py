@@ -12,21 +12,23 @@ _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0x
 def jpeg_frame(encoded) -> tuple[int, int, int, int, int] | None:
     """(height, width, components, bits per sample, EXIF orientation) of a JPEG's frame as stored
     (before orientation), from its headers; None when the bytes are not a JPEG with a frame header."""
-    found = _scan(encoded)
+    found = jpeg_scan(encoded)
     return None if found is None else found[1:]
 
 
-def baseline_size(encoded) -> tuple[int, int] | None:
+def baseline_size(encoded=None, *, scan=None) -> tuple[int, int] | None:
     """(height, width) of a baseline (SOF0) 8-bit 3-component JPEG, the kind nvJPEG's hardware
-    backend decodes; None for any other image (progressive, grey, CMYK, 12-bit, not a JPEG)."""
-    found = _scan(encoded)
+    backend decodes; None for any other image (progressive, grey, CMYK, 12-bit, not a JPEG).
+    scan: jpeg_scan's result where the caller has it (the headers are then not read again)."""
+    found = jpeg_scan(encoded) if scan is None and encoded is not None else scan
     if found is None or found[0] != 0xC0 or found[3] != 3 or found[4] != 8:
         return None
     return found[1], found[2]
 
 
-def _scan(encoded) -> tuple[int, int, int, int, int, int] | None:
-    """(SOF marker, height, width, components, bits per sample, EXIF orientation) from the headers."""
+def jpeg_scan(encoded) -> tuple[int, int, int, int, int, int] | None:
+    """(SOF marker, height, width, components, bits per sample, EXIF orientation) from the headers:
+    one pass that both baseline_size and an orientation can be taken from."""
     b = memoryview(encoded).cast("B")
     i, n, orientation = 2, len(b), 1
     if not (n > 3 and b[0] == 0xFF and b[1] == 0xD8):

@@ -14,7 +14,7 @@ the previous one, before its state is reused, as nvJPEG's own examples wait befo
 
 Output is planar RGB, one (3, H, W) uint8 view per image into one allocation, the layout
 torchvision's decode_jpeg returns, so the crop kernels downstream take either. Only baseline
-8-bit 3-component JPEGs are sent here (cache.jpeg_header.baseline_size); the caller decodes any
+8-bit 3-component JPEGs are sent here (cache.jpeg_header.baseline_size of one jpeg_scan); the caller decodes any
 other batch the torchvision way. Enum values and struct layout as in nvjpeg.h 12.4. Nothing here
 runs at import: the library is opened on first use.
 """

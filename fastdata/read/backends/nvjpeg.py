@@ -30,7 +30,7 @@ import torch
 
 from ...errors import DependencyError, LoaderError
 from ...cache.gpu_build import upright
-from ...cache.jpeg_header import baseline_size, jpeg_frame
+from ...cache.jpeg_header import baseline_size, jpeg_scan
 from ..augment import apply_plan, normalize, plan_tensor, resolve_kernel
 from ..crop import plan_rows
 from ..crop_box import crop_boxes
@@ -41,10 +41,11 @@ from .decode import batch_rng, read_encoded, source_attrs
 from .gpu_resize import crop_resize, pack
 
 
-def exif_turns(encoded) -> np.ndarray | None:
-    """Reader thread: each JPEG's EXIF orientation (1..8), or None when every image is upright. nvJPEG
-    ignores it, so photos from a camera held sideways came out sideways where pil and DALI turn them."""
-    turns = np.array([(jpeg_frame(e) or (0, 0, 0, 0, 1))[4] for e in encoded], dtype=np.int64)
+def exif_turns(scans) -> np.ndarray | None:
+    """Reader thread: each JPEG's EXIF orientation (1..8) from its jpeg_scan, or None when every image
+    is upright. nvJPEG ignores it, so photos from a camera held sideways came out sideways where pil and
+    DALI turn them."""
+    turns = np.array([(s or (0, 0, 0, 0, 0, 1))[5] for s in scans], dtype=np.int64)
     return turns if (turns != 1).any() else None
 
 
@@ -73,14 +74,16 @@ class NvjpegBackend(BaseBackend):
     def read(self, key, idx: np.ndarray, _slot):
         rng = batch_rng(self.cfg.seed, key, self.cfg.batch_size)
         encoded, labels, flips = read_encoded(self.encoded, idx, self.cfg.augment, rng)
-        turns = None if self.encoded.kind == "cache-jpeg" else exif_turns(encoded)   # a cache is upright
-        return encoded, labels, flips, rng, idx, self._baseline_sizes(encoded), turns
+        upright = self.encoded.kind == "cache-jpeg"       # a cache is built upright
+        scans = None if upright and self._hw is None else [jpeg_scan(e) for e in encoded]   # headers read once
+        turns = None if upright else exif_turns(scans)
+        return encoded, labels, flips, rng, idx, self._baseline_sizes(scans), turns
 
-    def _baseline_sizes(self, encoded) -> tuple[np.ndarray, np.ndarray] | None:
+    def _baseline_sizes(self, scans) -> tuple[np.ndarray, np.ndarray] | None:
         """Reader thread: (heights, widths) when the engines can take every image of the batch."""
         if self._hw is None:
             return None
-        sizes = [baseline_size(e) for e in encoded]
+        sizes = [baseline_size(scan=s) for s in scans]
         if not sizes or any(s is None for s in sizes):
             return None
         hw = np.array(sizes, dtype=np.int64)
