@@ -55,16 +55,20 @@ class Plan:
         return "\n".join(lines)
 
 
-def _measure(items, codec: CodecConfig, options) -> tuple[float, float, float, float, int]:
-    """(raw bytes, jpeg bytes, input bytes per good sample, seconds per decode, bad count) on the sample."""
+def _measure(items, codec: CodecConfig, options) -> tuple[float, float, float, float, int, list[int]]:
+    """(raw bytes, jpeg bytes, input bytes per good sample, seconds per decode, bad count, short sides)
+    on the sample, each input read once (from object storage a read is a paid request)."""
     raw = jpeg = src = seconds = 0.0
     good = bad = 0
+    sides: list[int] = []
     for it in items:
         try:
             data = read_item(it, options)
         except OSError:
             bad += 1
             continue
+        side = _short_side(data)
+        sides += [side] if side else []
         t0 = time.perf_counter()
         res = process_bytes(data, codec)
         seconds += time.perf_counter() - t0
@@ -77,20 +81,29 @@ def _measure(items, codec: CodecConfig, options) -> tuple[float, float, float, f
         jpeg += len(jres[0]) if not isinstance(jres, str) else 0
         src += len(data)
     n = max(1, good)
-    return raw / n, jpeg / n, src / n, seconds / max(1, good + bad), bad
+    return raw / n, jpeg / n, src / n, seconds / max(1, good + bad), bad, sides
+
+
+def _short_side(data: bytes) -> int | None:
+    """An input's short side in pixels from its header (no decode), or None where PIL cannot tell."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return min(img.size)
+    except Exception:  # noqa: BLE001 - unreadable inputs are the build's to quarantine
+        return None
 
 
 def short_sides(items, options: dict | None = None, n: int = 32) -> list[int]:
     """The short side, in pixels, of up to n inputs spread over items, from their headers (no decode)."""
-    from PIL import Image
-
     sides = []
     for it in items[::max(1, len(items) // n)][:n]:
         try:
-            with Image.open(io.BytesIO(read_item(it, options))) as img:
-                sides.append(min(img.size))
-        except Exception:  # noqa: BLE001 - unreadable inputs are the build's to quarantine
+            side = _short_side(read_item(it, options))
+        except Exception:  # noqa: BLE001 - a warning's helper never stops a build; the build names the input
             continue
+        sides += [side] if side else []
     return sides
 
 
@@ -127,7 +140,7 @@ def plan(items: tuple[Item, ...], codec: CodecConfig, dest: str | None, options:
     _tune_malloc()   # decode as fast as a build job does, or the per-core rate is understated
     step = max(1, len(items) // SAMPLE)
     sample = items[::step][:SAMPLE]
-    raw, jpeg, src, per, bad = _measure(sample, codec, options)
+    raw, jpeg, src, per, bad, sides = _measure(sample, codec, options)
     good_share = 1 - bad / max(1, len(sample))
     n_good = int(len(items) * good_share)
     where = Path(dest).parent if dest and not str(dest).startswith("s3://") else Path.cwd()
@@ -137,6 +150,6 @@ def plan(items: tuple[Item, ...], codec: CodecConfig, dest: str | None, options:
     ram = memory_total()
     raw_total, jpeg_total = int(raw * n_good), int(jpeg * n_good)
     choice, reason = _choose(raw_total, jpeg_total, ram, disk, codec.size)
-    note = upscale_note(short_sides(sample, options), codec.size) if codec.resize in ("fixed", "short") else ""
+    note = upscale_note(sides, codec.size) if codec.resize in ("fixed", "short") else ""
     return Plan(len(items), len(sample), 1 - good_share, raw_total, jpeg_total, int(src * len(items)),
                 1 / max(per, 1e-9), usable_cpus(), ram, disk, choice, reason, note)
