@@ -82,18 +82,46 @@ def upright(x: torch.Tensor, orientation: int) -> torch.Tensor:
     return _ORIENT[orientation](x) if orientation in _ORIENT else x
 
 
-def resize_like_codec(x: torch.Tensor, orientation: int, codec: CodecConfig) -> torch.Tensor:
-    """(3, H, W) uint8 as decoded -> (h, w, 3) uint8 upright, cropped and resized as codecs.decode does
-    (the box rounded to whole pixels; antialiased bilinear, as PIL's BILINEAR when shrinking)."""
+def _crop_like_codec(x: torch.Tensor, orientation: int, codec: CodecConfig) -> tuple[torch.Tensor, tuple]:
+    """(3, H, W) as decoded -> (upright crop as a view, (oh, ow) to resize it to), as codecs.decode
+    crops (the box rounded to whole pixels)."""
     x = upright(x, orientation)
     h, w = x.shape[1], x.shape[2]
     (ow, oh), (left, top, right, bottom) = _target(w, h, codec)
     l, t = int(round(left)), int(round(top))
     x = x[:, t:t + max(1, int(round(bottom - top))), l:l + max(1, int(round(right - left)))]
-    if (x.shape[1], x.shape[2]) != (oh, ow):
-        x = torch.nn.functional.interpolate(x[None].float(), size=(oh, ow), mode="bilinear", antialias=True,
-                                            align_corners=False)[0].round_().clamp_(0, 255).to(torch.uint8)
-    return x.permute(1, 2, 0)
+    return x, (oh, ow)
+
+
+def _resize(x: torch.Tensor, size: tuple) -> torch.Tensor:
+    """(N, 3, h, w) uint8 -> (N, oh, ow, 3) uint8, antialiased bilinear as PIL's BILINEAR when shrinking."""
+    if (x.shape[2], x.shape[3]) != tuple(size):
+        x = torch.nn.functional.interpolate(x.float(), size=size, mode="bilinear", antialias=True,
+                                            align_corners=False).round_().clamp_(0, 255).to(torch.uint8)
+    return x.permute(0, 2, 3, 1)
+
+
+def resize_like_codec(x: torch.Tensor, orientation: int, codec: CodecConfig) -> torch.Tensor:
+    """(3, H, W) uint8 as decoded -> (h, w, 3) uint8 upright, cropped and resized as codecs.decode does
+    (the box rounded to whole pixels; antialiased bilinear, as PIL's BILINEAR when shrinking)."""
+    crop, size = _crop_like_codec(x, orientation, codec)
+    return _resize(crop[None], size)[0]
+
+
+def resize_all_like_codec(images: list, orientations: list, codec: CodecConfig) -> list[torch.Tensor]:
+    """resize_like_codec over a batch, with one resize per group of crops of the same size (photos share
+    a few sizes: 500x375, 375x500, ...): a resize per image cost ~8 kernel launches and their Python
+    dispatch, under the GIL that the build's shard threads share."""
+    crops = [_crop_like_codec(x, o, codec) for x, o in zip(images, orientations)]
+    groups: dict[tuple, list[int]] = {}
+    for i, (crop, size) in enumerate(crops):
+        groups.setdefault((crop.shape[1], crop.shape[2], size), []).append(i)
+    out: list = [None] * len(crops)
+    for (_, _, size), members in groups.items():
+        resized = _resize(torch.stack([crops[i][0] for i in members]), size).contiguous()   # (one copy back)
+        for k, i in enumerate(members):
+            out[i] = resized[k]
+    return out
 
 
 def _payloads(images: list[torch.Tensor], codec: CodecConfig, pool) -> list[tuple[bytes, tuple, int]]:
@@ -135,9 +163,10 @@ def decode_batch(datas: list, codec: CodecConfig, pool, decode=nvjpeg_decode) ->
            for o in [gpu_decodable(d)] if o is not None]
     if gpu:
         decoded = _decode_split([datas[i] for i, _ in gpu], decode)
-        done = [(i, resize_like_codec(x, o, codec)) for x, (i, o) in zip(decoded, gpu) if x is not None]
+        done = [(i, x, o) for x, (i, o) in zip(decoded, gpu) if x is not None]
         if done:
-            for (i, _), res in zip(done, _payloads([im for _, im in done], codec, pool)):
+            resized = resize_all_like_codec([x for _, x, _ in done], [o for _, _, o in done], codec)
+            for (i, _, _), res in zip(done, _payloads(resized, codec, pool)):
                 out[i] = res
     rest = [i for i, r in enumerate(out) if r is None]
     for i, res in zip(rest, pool.map(lambda i: process_bytes(datas[i], codec), rest)):
