@@ -28,7 +28,7 @@ stage_hwjpeg() {    # whether the NVJPG engines open here (hw_decode.py needs th
     $PY -m fastdata.read.hwjpeg | tee "$RES/hwjpeg-$(date +%F).json"
 }
 stage_augtests() {
-    $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider -k "${TESTS_K:-augment or fast_loader}" 2>&1 | tee "$RES/gpu-tests-augment.txt" | tail -15
+    timeout ${TESTS_TIMEOUT:-300} $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider -k "${TESTS_K:-augment or fast_loader}" 2>&1 | tee "$RES/gpu-tests-augment.txt" | tail -15
 }
 stage_augment() {
     $PY benchmarks/augment.py --out "$RES" 2>&1 | tail -12
@@ -74,6 +74,14 @@ stage_dali() {      # DALI joined from .dali*/part-* (tools/dali_parts.sh split,
     bash tools/dali_parts.sh join || return 1
     export PYTHONPATH="$PYTHONPATH:/tmp/dalisite"
     $PY -c "import nvidia.dali as d; print('DALI', d.__version__)"
+}
+stage_buildspy() {  # where a --decoder nvjpeg build's time goes: py-spy (wheel carried in .pyspy), GIL holders per thread
+    $PY -m pip install -q --no-index --no-deps --target /tmp/pyspy .pyspy/*.whl || return 1
+    $PY -c "from fastdata.sample import make_image_folder as m; m('/tmp/bsrc', ${BUILD_PER_CLASS:-600})" >/dev/null
+    cat /tmp/bsrc/*/* >/dev/null; rm -rf /tmp/bdest
+    timeout ${BUILD_TIMEOUT:-240} /tmp/pyspy/bin/py-spy record --gil --threads --nonblocking --format raw -r 200 \
+        -o "$RES/pyspy-gpubuild.txt" -- $PY -m fastdata.cli build-cache /tmp/bsrc /tmp/bdest --decoder nvjpeg 2>&1 | tail -4
+    $PY tools/pyspy_summary.py "$RES/pyspy-gpubuild.txt" | head -50
 }
 stage_build() {
     timeout ${BUILD_TIMEOUT:-240} $PY benchmarks/build.py --per-class ${BUILD_PER_CLASS:-600} --out "$RES" 2>&1 | tail -15
