@@ -83,6 +83,25 @@ def test_empty_class_folder_is_refused_unless_allowed(image_folder, tmp_path):
     assert sorted(set(CacheDataset(tmp_path / "c").cache.labels().tolist())) == [0, 1, 3]
 
 
+def test_the_loader_and_plan_take_allow_empty_classes_as_build_cache_does(image_folder, tmp_path, capsys):
+    """The error told a fastdata.loader user to pass --allow-empty-classes, which only build-cache took;
+    `build-cache --dry-run --allow-empty-classes` and `plan` refused the folder anyway."""
+    import fastdata
+
+    src = _tree(image_folder, tmp_path / "src")
+    (src / "b_empty").mkdir()
+    with pytest.raises(SourceError, match=r"allow_empty_classes=True in Python"):
+        fastdata.loader(src, 2, backend="pil", device="cpu")
+    ld = fastdata.loader(src, 4, backend="pil", device="cpu", shuffle=False, allow_empty_classes=True)
+    labels = sorted(int(y) for _, ys in ld for y in ys)
+    assert labels == [0] * 3 + [1] * 3 + [3] * 3 and ld.num_classes == 4
+    assert main(["plan", str(src)]) == 2
+    assert "holds no image files" in capsys.readouterr().err
+    assert main(["plan", str(src), "--allow-empty-classes"]) == 0
+    assert main(["build-cache", str(src), str(tmp_path / "c"), "--dry-run", "--allow-empty-classes"]) == 0
+    assert "recommended:" in capsys.readouterr().out and not (tmp_path / "c").exists()
+
+
 def test_symlinked_folders_are_followed_and_loops_skipped_and_reported(image_folder, tmp_path):
     src = _tree(image_folder, tmp_path / "src")
     extra = _tree(image_folder, tmp_path / "elsewhere", classes=("x",), per_class=4) / "x"

@@ -140,7 +140,8 @@ def _from_folder(src: Path, images_only: bool, exclude: frozenset[str], allow_em
     if empty and not allow_empty:
         raise SourceError(f"SRC {src}: class folder {src / empty[0]} holds no image files"
                           f"{f' (and {len(empty) - 1} more)' if len(empty) > 1 else ''}; add images, remove "
-                          f"the folder, or pass --allow-empty-classes to keep it as a label without samples")
+                          f"the folder, or pass --allow-empty-classes (allow_empty_classes=True in Python) to keep it "
+                          f"as a label without samples")
     return Source(tuple(items), label_map, "folder", tuple(scan.skipped))
 
 

@@ -78,7 +78,8 @@ def _cmd_plan(a) -> int:
     from ..cache.sources import discover
 
     options = parse_options(a.storage_options) or None
-    source = discover(a.src, images_only=a.encode != "bytes", storage_options=options)
+    source = discover(a.src, images_only=a.encode != "bytes", storage_options=options,
+                      allow_empty_classes=a.allow_empty_classes)
     print(plan(source.items, CodecConfig(a.encode if a.encode != "bytes" else "raw", a.size, a.resize, a.quality),
                getattr(a, "dest", None), options).text())
     return 0
@@ -165,6 +166,7 @@ def add_cli(sub, commands: dict) -> None:
     p.add_argument("--resize", default="fixed", choices=("fixed", "short", "max", "none"), help="as for build-cache")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality of the JPEG estimate")
     p.add_argument("--encode", default="raw", choices=("raw", "jpeg", "bytes"), help="as for build-cache")
+    p.add_argument("--allow-empty-classes", action="store_true", help="as for build-cache")
     _storage_option(p)
     p = sub.add_parser("verify", help="check every shard checksum; name damaged shards and samples")
     p.add_argument("cache", help="cache folder or s3:// prefix")

@@ -121,6 +121,9 @@ class LoaderConfig:
     prefetch: int | None = None
     rank: int | None = None             # None: from torch.distributed / torchrun's RANK when set
     world_size: int | None = None
+    # an image folder's class folders without images: an error naming one (torchvision's ImageFolder
+    # raises too), or labels without samples (its allow_empty=True); caches decided this at build time
+    allow_empty_classes: bool = False
     options: RawOptions | DecodeOptions | NvjpegOptions | DaliOptions = field(default_factory=RawOptions)
 
     @property

@@ -25,7 +25,8 @@ from ..errors import LoaderError
 class EncodedSource:
     """source.get(i) -> (encoded bytes as a uint8 array, label)."""
 
-    def __init__(self, path: str | Path | Source, integrity: str = "shard") -> None:
+    def __init__(self, path: str | Path | Source, integrity: str = "shard", *,
+                 allow_empty_classes: bool = False) -> None:
         self.cache = self.items = None
         if isinstance(path, Source):
             src, path = path, Path(path.items[0].path).parent if path.items else Path(".")
@@ -46,7 +47,7 @@ class EncodedSource:
             self.label_map = self.cache.manifest.label_map
             self.window = 16384
         else:
-            src = src or discover(path)
+            src = src or discover(path, allow_empty_classes=allow_empty_classes)
             self.layout = src.layout
             self.items, self.label_map = src.items, src.label_map
             self.shard_counts = [len(src.items)]   # files have no locality to keep: shuffle them all

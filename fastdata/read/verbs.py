@@ -125,7 +125,8 @@ def _make_backend(data, cfg: LoaderConfig, device: torch.device, requested: str 
         return RawBackend(cache, cfg, device)
     from .encoded import EncodedSource
 
-    source = EncodedSource(data.path if isinstance(data, Cache) else data, cfg.options.integrity)
+    source = EncodedSource(data.path if isinstance(data, Cache) else data, cfg.options.integrity,
+                           allow_empty_classes=cfg.allow_empty_classes)
     if cfg.backend in ("dali", "nvjpeg"):
         cfg = _decodable_backend(source, cfg, requested)
     if cfg.backend == "pil":
@@ -140,14 +141,15 @@ def _make_backend(data, cfg: LoaderConfig, device: torch.device, requested: str 
 def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto", shuffle: bool = True,
            seed: int = 0, drop_last: bool = False, augment: bool | AugmentConfig | None = None,
            threads: int | None = None, prefetch: int | None = None, rank: int | None = None,
-           world_size: int | None = None, **options) -> Loader:
+           world_size: int | None = None, allow_empty_classes: bool = False, **options) -> Loader:
     """Batches of (images, labels) on `device`, from any data fastdata reads.
 
     augment: None/False -> uint8 NHWC batches (backend raw); True -> train-time RandomResizedCrop(224),
     flip and normalise to float32 NCHW channels_last; or an AugmentConfig. The decoding backends always
     crop to augment.size (AugmentConfig() when none is given). options: the backend's own settings
     (config.RawOptions, DecodeOptions, NvjpegOptions, DaliOptions); one the backend does not take is a
-    LoaderError.
+    LoaderError. allow_empty_classes: an image folder's class folders without images become labels
+    without samples (ImageFolder's allow_empty) instead of an error naming one.
     """
     augment = AugmentConfig() if augment is True else (None if augment is False else augment)
     name = _pick(LEGACY.get(backend, backend), data, augment, device)
@@ -160,7 +162,8 @@ def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto"
         seed = int(seed) & (2**64 - 1)  # as torch.manual_seed takes a negative seed (numpy's refuse one)
     cfg = LoaderConfig(batch_size=batch_size, backend=name, device=str(dev), shuffle=shuffle, seed=seed,
                        drop_last=drop_last, augment=augment, threads=threads, prefetch=prefetch, rank=rank,
-                       world_size=world_size, options=split_options(name, options)).check()
+                       world_size=world_size, allow_empty_classes=bool(allow_empty_classes),
+                       options=split_options(name, options)).check()
     chosen = _make_backend(data, cfg, dev, LEGACY.get(backend, backend))
     return Loader(chosen, chosen.cfg)     # (the backend's cfg: a folder DALI cannot read goes to pil)
 
