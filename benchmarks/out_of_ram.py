@@ -30,8 +30,9 @@ cache, mode, bs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 print("ready", flush=True)
 sys.stdin.readline()                     # the parent has put this process in the cgroup: budget from it
 budget = os.environ.get("OOR_BUDGET") or "auto"   # set where no cgroup could be made
+threads = int(os.environ["OOR_THREADS"]) if os.environ.get("OOR_THREADS") else None
 dl = fastdata.loader(cache, bs, device="cuda" if __import__("torch").cuda.is_available() else "cpu",
-                     memory=None if mode == "mmap" else budget, integrity="off")
+                     memory=None if mode == "mmap" else budget, integrity="off", threads=threads)
 io0 = dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())
 t0, n = time.perf_counter(), 0
 for b in dl:
