@@ -53,7 +53,7 @@ def test_orientation_turns_as_pil_exif_transpose(orientation):
     assert np.array_equal(got.numpy(), want)
 
 
-def test_a_batch_is_resized_in_groups_with_the_bytes_of_one_image_at_a_time():
+def test_a_batch_is_resized_in_groups_with_the_bytes_of_one_image_at_a_time(monkeypatch):
     """resize_all_like_codec stacks crops of one size into one resize: same bytes as image by image,
     in the batch's order, for mixed sizes and turns (a turned 40x64 crops like a 64x40)."""
     import torch
@@ -62,10 +62,12 @@ def test_a_batch_is_resized_in_groups_with_the_bytes_of_one_image_at_a_time():
     shapes = [(40, 64), (64, 40), (40, 64), (50, 50), (40, 64), (33, 71)]
     images = [torch.from_numpy(rng.integers(0, 255, (3, h, w), dtype=np.uint8)) for h, w in shapes]
     turns = [1, 1, 6, 1, 8, 3]
-    for codec in (CodecConfig(size=24), CodecConfig(size=24, resize="short"), CodecConfig(resize="none")):
-        got = gpu_build.resize_all_like_codec(images, turns, codec)
-        for x, o, g in zip(images, turns, got):
-            assert torch.equal(g, gpu_build.resize_like_codec(x, o, codec))
+    for pixels in (1 << 26, 40 * 64 * 2):      # one call per size; and at most two crops a call
+        monkeypatch.setattr(gpu_build, "GROUP_PIXELS", pixels)
+        for codec in (CodecConfig(size=24), CodecConfig(size=24, resize="short"), CodecConfig(resize="none")):
+            got = gpu_build.resize_all_like_codec(images, turns, codec)
+            for x, o, g in zip(images, turns, got):
+                assert torch.equal(g, gpu_build.resize_like_codec(x, o, codec))
 
 
 def test_only_8bit_grey_or_colour_jpegs_go_to_the_gpu(photos):

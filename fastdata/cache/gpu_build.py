@@ -31,6 +31,7 @@ from .format import shard_name
 from .writers import WRITERS
 
 BATCH = 128             # images per nvJPEG call
+GROUP_PIXELS = 1 << 26  # source pixels per batched resize: its float copy stays under 1 GB (3 x 4 bytes each)
 READ_THREADS = 8        # file reads (and JPEG encodes for --encode jpeg) of a shard's batch, in parallel
 # shards built at once: one shard alone left the GPU and the disk idle in turn (read, decode, copy
 # back, hash, fsync): 1.1k img/s on the H200 against 2.6k for the 16-process CPU build
@@ -117,10 +118,13 @@ def resize_all_like_codec(images: list, orientations: list, codec: CodecConfig) 
     for i, (crop, size) in enumerate(crops):
         groups.setdefault((crop.shape[1], crop.shape[2], size), []).append(i)
     out: list = [None] * len(crops)
-    for (_, _, size), members in groups.items():
-        resized = _resize(torch.stack([crops[i][0] for i in members]), size).contiguous()   # (one copy back)
-        for k, i in enumerate(members):
-            out[i] = resized[k]
+    for (h, w, size), members in groups.items():
+        per_call = max(1, GROUP_PIXELS // (h * w))   # bounds the float copy: 12 MP phone photos, 128 a batch
+        for lo in range(0, len(members), per_call):
+            part = members[lo:lo + per_call]
+            resized = _resize(torch.stack([crops[i][0] for i in part]), size).contiguous()   # (one copy back)
+            for k, i in enumerate(part):
+                out[i] = resized[k]
     return out
 
 
