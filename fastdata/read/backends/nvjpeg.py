@@ -38,7 +38,7 @@ from ..encoded import EncodedSource
 from ..hw_decode import HardwareDecodeError, open_hardware_decoder
 from . import BaseBackend
 from .decode import batch_rng, read_encoded, source_attrs
-from .gpu_resize import crop_resize, pack
+from .gpu_resize import crop_resize, pack, pack_spans
 
 
 def exif_turns(scans) -> np.ndarray | None:
@@ -117,8 +117,10 @@ class NvjpegBackend(BaseBackend):
             first = int(ptrs.argmin())
             plan = plan_rows(boxes, flips.numpy(), aug.size, (ptrs - ptrs[first]).astype(np.float64), h, w)
             return apply_plan(decoded[first], plan_tensor(plan, self.device), aug, planar=True)
-        packed, sizes = pack(decoded)
-        return normalize(crop_resize(packed, sizes, torch.from_numpy(boxes), aug.size, flips), aug, layout="NCHW")
+        boxes = torch.from_numpy(boxes)
+        parts = [crop_resize(*pack(decoded[lo:hi]), boxes[lo:hi], aug.size, None if flips is None else flips[lo:hi])
+                 for lo, hi in pack_spans([im.shape[1] * im.shape[2] for im in decoded])]
+        return normalize(parts[0] if len(parts) == 1 else torch.cat(parts), aug, layout="NCHW")
 
     def _prepare(self, out):
         """GPU thread, own stream: the finished batch and the event that marks it ready."""
