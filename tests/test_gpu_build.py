@@ -163,6 +163,29 @@ def test_one_bad_file_costs_its_batch_nothing(monkeypatch):
     assert sum(n for n in calls if n == 1) <= 2 and max(calls) == 8
 
 
+def test_decoder_calls_hold_a_bounded_number_of_pixels(monkeypatch):
+    """Six shard threads each decoding 128 twelve-megapixel photos at once held 28 GB of GPU memory:
+    a batch is decoded in runs of at most DECODE_PIXELS (by the headers), with the same results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    calls = []
+
+    def counting(datas):
+        calls.append(len(datas))
+        return pil_as_nvjpeg(datas)
+
+    rng = np.random.default_rng(1)
+    datas = [_jpeg(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)) for _ in range(7)]
+    datas.insert(3, _jpeg(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8)))   # 4x the pixels
+    with ThreadPoolExecutor(2) as pool:
+        whole = gpu_build.decode_batch(datas, CodecConfig(size=32), pool, counting)
+        assert calls == [8]
+        monkeypatch.setattr(gpu_build, "DECODE_PIXELS", 3 * 48 * 64)
+        calls.clear()
+        parts = gpu_build.decode_batch(datas, CodecConfig(size=32), pool, counting)
+    assert calls == [3, 1, 3, 1] and parts == whole
+
+
 def test_cli_without_a_gpu_is_one_line_and_makes_no_dest(image_folder, tmp_path):
     import subprocess
     import sys

@@ -31,6 +31,7 @@ from .format import shard_name
 from .writers import WRITERS
 
 BATCH = 128             # images per nvJPEG call
+DECODE_PIXELS = 1 << 27  # decoded pixels per nvJPEG call (~400 MB of RGB; a shard thread holds one call's)
 GROUP_PIXELS = 1 << 26  # source pixels per batched resize: its float copy stays under 1 GB (3 x 4 bytes each)
 READ_THREADS = 8        # file reads (and JPEG encodes for --encode jpeg) of a shard's batch, in parallel
 # shards built at once: one shard alone left the GPU and the disk idle in turn (read, decode, copy
@@ -68,13 +69,30 @@ def nvjpeg_decode(datas: list[bytes], device: str = "cuda") -> list[torch.Tensor
     return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
 
 
+def _nvjpeg_can(frame) -> bool:
+    """Whether nvJPEG decodes this jpeg_frame as PIL would (8-bit, grey or 3 components, a known turn)."""
+    return frame is not None and frame[3] == 8 and frame[2] in (1, 3) and 1 <= frame[4] <= 8
+
+
 def gpu_decodable(data: bytes) -> int | None:
-    """The EXIF orientation of a JPEG nvJPEG decodes as PIL would (8-bit, grey or 3 components), else None."""
+    """The EXIF orientation of a JPEG nvJPEG decodes as PIL would, else None."""
     frame = jpeg_frame(data)
-    if frame is None:
-        return None
-    _, _, components, bits, orientation = frame
-    return orientation if bits == 8 and components in (1, 3) and 1 <= orientation <= 8 else None
+    return frame[4] if _nvjpeg_can(frame) else None
+
+
+def _by_pixels(entries: list) -> list[list]:
+    """(index, jpeg_frame) entries in runs of at most DECODE_PIXELS decoded pixels (one image over it
+    alone): six shard threads each decoding 128 twelve-megapixel phone photos held 28 GB of GPU memory."""
+    runs: list[list] = []
+    total = DECODE_PIXELS + 1
+    for entry in entries:
+        px = entry[1][0] * entry[1][1]
+        if total + px > DECODE_PIXELS:
+            runs.append([])
+            total = 0
+        runs[-1].append(entry)
+        total += px
+    return runs
 
 
 def upright(x: torch.Tensor, orientation: int) -> torch.Tensor:
@@ -163,11 +181,11 @@ def decode_batch(datas: list, codec: CodecConfig, pool, decode=nvjpeg_decode) ->
     """Inputs (bytes, or a reason they could not be read) -> (payload, shape, crc32) or a reason each.
     What nvJPEG cannot or will not decode goes through the CPU codec, which decodes or names it."""
     out: list = [d if isinstance(d, str) else None for d in datas]
-    gpu = [(i, o) for i, d in enumerate(datas) if not isinstance(d, str)
-           for o in [gpu_decodable(d)] if o is not None]
-    if gpu:
-        decoded = _decode_split([datas[i] for i, _ in gpu], decode)
-        done = [(i, x, o) for x, (i, o) in zip(decoded, gpu) if x is not None]
+    gpu = [(i, frame) for i, d in enumerate(datas) if not isinstance(d, str)
+           for frame in [jpeg_frame(d)] if _nvjpeg_can(frame)]
+    for part in _by_pixels(gpu):
+        decoded = _decode_split([datas[i] for i, _ in part], decode)
+        done = [(i, x, f[4]) for x, (i, f) in zip(decoded, part) if x is not None]
         if done:
             resized = resize_all_like_codec([x for _, x, _ in done], [o for _, _, o in done], codec)
             for (i, _, _), res in zip(done, _payloads(resized, codec, pool)):
