@@ -186,6 +186,32 @@ def test_decoder_calls_hold_a_bounded_number_of_pixels(monkeypatch):
     assert calls == [3, 1, 3, 1] and parts == whole
 
 
+def test_running_out_of_gpu_memory_is_one_line_and_resumable(messy_folder, tmp_path, monkeypatch, capsys):
+    """A CUDA OOM while resizing (another process on the GPU) was a traceback; now exit 2 with one line,
+    and the rerun finishes the build."""
+    from fastdata.cli import main
+
+    real = gpu_build.resize_all_like_codec
+    calls = []
+
+    def oom_once(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 18.00 GiB")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(gpu_build, "resize_all_like_codec", oom_once)
+    monkeypatch.setattr(gpu_build, "check_gpu_decoder", lambda: None)
+    monkeypatch.setattr(gpu_build, "nvjpeg_decode", pil_as_nvjpeg)
+    monkeypatch.setattr(gpu_build, "BATCH", 4)
+    args = ["build-cache", str(messy_folder), str(tmp_path / "d"), "--decoder", "nvjpeg", "--no-progress",
+            "--shard-size", "64KB"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the GPU ran out of memory on shard" in err and "rerun to resume" in err and "\n" not in err
+    assert main(args) == 0 and verify_cache(tmp_path / "d").ok
+
+
 def test_cli_without_a_gpu_is_one_line_and_makes_no_dest(image_folder, tmp_path):
     import subprocess
     import sys

@@ -221,7 +221,13 @@ def build_shard_gpu(task, decode=None) -> tuple[int, object, list[dict], str | N
                     from ..stores.s3 import storage_error
 
                     return index, None, [], str(storage_error(data, item.path, "reading an input"))
-            for item, res in zip(chunk, decode_batch(datas, codec, pool, decode)):
+            try:
+                results = decode_batch(datas, codec, pool, decode)
+            except torch.OutOfMemoryError as e:   # (nvJPEG's own calls split themselves: _decode_split)
+                return index, None, [], (f"the GPU ran out of memory on shard {index} near {chunk[0].path} "
+                                         f"({str(e).splitlines()[0][:120]}); free GPU memory (another "
+                                         f"process on it?) and rerun to resume, or leave --decoder out")
+            for item, res in zip(chunk, results):
                 error = jobs.take(writer, quarantined, item, res, on_error)
                 if error:
                     return index, None, [], error
