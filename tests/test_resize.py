@@ -83,3 +83,25 @@ def test_nvjpeg_augment_packs_a_batch_of_large_photos_in_parts(monkeypatch):
     # the first part chose the whole batch's prefilter: the same pixels up to float rounding of the
     # sampling grid (another padded size), far under one level (1/58 of a normalised unit)
     assert torch.allclose(whole[:2], parts[:2], atol=2e-3)
+
+
+def test_nvjpeg_out_of_memory_is_not_called_a_bad_file(monkeypatch):
+    """decode_jpeg's CUDA OOM was reported as "could not decode a sample ... quarantine bad files"."""
+    import sys
+    import types
+    from types import SimpleNamespace
+
+    from fastdata.errors import LoaderError
+    from fastdata.read.backends.nvjpeg import NvjpegBackend
+
+    def oom(*a, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.20 GiB")
+
+    io = types.ModuleType("torchvision.io")
+    io.decode_jpeg, io.ImageReadMode = oom, SimpleNamespace(RGB=0)
+    monkeypatch.setitem(sys.modules, "torchvision", types.ModuleType("torchvision"))
+    monkeypatch.setitem(sys.modules, "torchvision.io", io)
+    fake = SimpleNamespace(_hw=None, decoded={"torchvision": 0}, device=torch.device("cpu"))
+    with pytest.raises(LoaderError, match="ran out of memory decoding a batch of 2 JPEGs.*lower batch_size") as e:
+        NvjpegBackend._decode(fake, [np.zeros(4, np.uint8)] * 2, np.arange(2), None)
+    assert "quarantine" not in str(e.value)

@@ -102,6 +102,10 @@ class NvjpegBackend(BaseBackend):
         self.decoded["torchvision"] += len(encoded)
         try:
             return decode_jpeg([torch.from_numpy(e) for e in encoded], mode=ImageReadMode.RGB, device=self.device)
+        except torch.OutOfMemoryError as e:   # not a bad file: "quarantine bad files" would mislead
+            raise LoaderError(f"the GPU ran out of memory decoding a batch of {len(encoded)} JPEGs "
+                              f"({str(e).splitlines()[0][:120]}); lower batch_size, or build a cache at the "
+                              f"training size (`fastdata build-cache --encode jpeg`) so each image is small") from e
         except RuntimeError as e:
             raise LoaderError(f"nvJPEG could not decode a sample of batch {idx[:4].tolist()}...: {e}; "
                               f"run `fastdata build-cache` to quarantine bad files first") from e
