@@ -255,3 +255,23 @@ def test_auto_batch_size_is_capped_at_the_samples_an_epoch_gives(raw_cache, monk
                              engine=EngineConfig(precision="fp32")))
     assert run.batch_size == 120 and run.loader.cfg.batch_size == 120 and len(run.loader) == 1
     run.loader.close()
+
+
+def test_running_out_of_gpu_memory_is_one_line_naming_the_fix(raw_cache, tmp_path, monkeypatch, capsys):
+    """A CUDA OOM at a fixed --batch-size was a torch traceback; any other RuntimeError still raises."""
+    import fastdata.cli.assemble as train_cli
+
+    def oom(*a, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total)\nmore")
+
+    monkeypatch.setattr(train_cli, "assemble", oom)
+    assert main(_train(raw_cache, tmp_path / "ck")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "the GPU ran out of memory" in err and "--batch-size auto" in err
+
+    def other(*a, **kw):
+        raise RuntimeError("a model bug")
+
+    monkeypatch.setattr(train_cli, "assemble", other)
+    with pytest.raises(RuntimeError, match="a model bug"):
+        main(_train(raw_cache, tmp_path / "ck"))

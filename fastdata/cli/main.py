@@ -61,6 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fastdata {a.cmd}: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except RuntimeError as e:   # torch.OutOfMemoryError (torch is not imported here for every command)
+        if type(e).__name__ != "OutOfMemoryError":
+            raise
+        fix = ("lower --batch-size, or pass --batch-size auto to find the largest that fits" if a.cmd == "train"
+               else "free GPU memory (another process on it?) and rerun the same command")
+        print(f"fastdata {a.cmd}: error: the GPU ran out of memory ({str(e).splitlines()[0][:160]}); {fix}",
+              file=sys.stderr)
+        return 2
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
