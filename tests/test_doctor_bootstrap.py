@@ -46,6 +46,39 @@ def test_unmodified_script_is_diagnosed_through_the_bootstrap(tmp_path, monkeypa
     assert "verdict: input-bound" in capsys.readouterr().out
 
 
+SPAWNED = '''
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self): return 10_000
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return torch.randn(3, 16, 16), i % 10
+if __name__ == "__main__":
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(768, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(Slow(), 8, num_workers=2, multiprocessing_context="spawn", persistent_workers=True)
+    for k, (x, y) in enumerate(loader):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step(); opt.zero_grad()
+        if k == 40: break
+'''
+
+
+def test_spawned_dataloader_workers_do_not_overwrite_the_report(tmp_path, monkeypatch, capsys):
+    """Spawned workers (macOS's default, and CUDA scripts' choice) load the doctor too; each wrote an
+    empty report at exit, over the training process's: "took no batch ... nothing to diagnose"."""
+    script = tmp_path / "train.py"
+    script.write_text(SPAWNED)
+    monkeypatch.setenv("FASTDATA_DOCTOR_MIN_SECONDS", "0.5")
+    monkeypatch.setenv("FASTDATA_DOCTOR_WARMUP_SECONDS", "0.2")
+    out_json = tmp_path / "report.json"
+    assert main(["doctor", "--json", str(out_json), "--warmup-steps", "3", "--timed-steps", "8", "--",
+                 sys.executable, str(script)]) == 0, capsys.readouterr().err
+    m = json.loads(out_json.read_text())["measured"]
+    assert m["steps"] >= 3 + 8 and m["loaders"][0]["num_workers"] == 2
+
+
 def _fixes(d):
     return " | ".join(what for what, _ in d.fixes)
 

@@ -92,8 +92,10 @@ def install() -> None:
     global _state
     if _state is not None:
         return
+    # the first Python process of the command marks itself; the processes it starts inherit the mark
+    root = os.environ.setdefault("FASTDATA_DOCTOR_ROOT", str(os.getpid())) == str(os.getpid())
     _state = ScriptState(WARMUP, TIMED, PROFILED, os.environ.get("FASTDATA_DOCTOR_REPORT"),
-                         os.environ.get("FASTDATA_DOCTOR_TIMELINE"), MIN_SECONDS, WARMUP_SECONDS)
+                         os.environ.get("FASTDATA_DOCTOR_TIMELINE"), MIN_SECONDS, WARMUP_SECONDS, root=root)
     _hook_features()
     _hook_loaders()
     atexit.register(_state.finish)

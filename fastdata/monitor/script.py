@@ -31,7 +31,8 @@ def timed(iterable, on_wait, on_batch=None):
 
 class ScriptState:
     def __init__(self, warmup: int, timed: int, profiled: int, report: str | None, timeline: str | None,
-                 min_seconds: float = 0.0, warmup_seconds: float = 0.0):
+                 min_seconds: float = 0.0, warmup_seconds: float = 0.0, root: bool = True):
+        self.root = root     # the command's own process, not one it started
         self.warmup, self.timed, self.profiled, self.min_seconds = warmup, timed, profiled, min_seconds
         self.warmup_seconds, self._first_step = warmup_seconds, 0.0
         self._profile_from = 0
@@ -158,8 +159,16 @@ class ScriptState:
         if self._window is not None and "wall" not in self._window:
             self._end_window()
         self.result = self.measured()
-        if self.report_path:   # whole or absent: the doctor stops the command once it sees the file
-            tmp = f"{self.report_path}.tmp"
+        if self.report_path and self._reports():   # whole or absent: the doctor stops the command once it sees it
+            tmp = f"{self.report_path}.{os.getpid()}.tmp"
             with open(tmp, "w") as f:
                 json.dump(self.result, f, default=str)
             os.replace(tmp, self.report_path)
+
+    def _reports(self) -> bool:
+        """Whether this process writes the report. Every Python process the command starts loads the
+        doctor (PYTHONPATH is inherited): spawned DataLoader workers, torchrun's launcher. One that
+        trained nothing wrote an empty report over the training process's, or before it, which made the
+        doctor stop the command and find nothing to diagnose. Such a process writes only where it is the
+        command itself and no report exists (a script that exits before training still gets its line)."""
+        return bool(self.steps or self.batches) or (self.root and not os.path.exists(self.report_path))
