@@ -295,6 +295,41 @@ def test_an_output_object_with_logits_trains_like_the_tensor_and_a_tuple_is_refu
         Engine(Pair(), cfg).fit(data)
 
 
+def test_models_the_engine_cannot_train_are_named_before_torch_fails():
+    """No trainable parameter ("optimizer got an empty parameter list", or "element 0 of tensors does not
+    require grad"), and per-pixel logits (cross_entropy's "only batches of spatial targets supported")."""
+    class Frozen(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = tiny_net()
+            self.net.requires_grad_(False)
+
+        def forward(self, x):
+            return self.net(x)
+
+    class NoParams(nn.Module):
+        def forward(self, x):
+            return x.mean((2, 3))
+
+    class Spatial(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 1)
+
+        def forward(self, x):
+            return self.conv(x)
+
+    cfg = EngineConfig(precision="fp32", channels_last=False, lr=0.1)
+    for model in (Frozen(), NoParams()):
+        with pytest.raises(EngineError, match=f"{type(model).__name__} has no trainable parameters"):
+            Engine(model, cfg)
+    with pytest.raises(EngineError, match=r"logits of shape \(8, 4, 32, 32\), not \(N, classes\).*Flatten"):
+        Engine(Spatial(), cfg).fit(_fixed_batches(1, 8))
+    frozen_backbone = Frozen()
+    frozen_backbone.net[-1].requires_grad_(True)            # a head to train: fine
+    Engine(frozen_backbone, cfg).fit(_fixed_batches(1, 8))
+
+
 def test_dict_batches_train_like_tuples_and_unknown_keys_are_named():
     """Hugging Face datasets collate to {"pixel_values", "labels"}; batch[0] raised KeyError: 0."""
     data = _fixed_batches(2, 8)

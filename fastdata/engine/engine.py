@@ -90,6 +90,9 @@ class Engine:
 
     def __init__(self, model: nn.Module, cfg: EngineConfig = EngineConfig(), device: torch.device | None = None):
         cfg.validate()
+        if not any(p.requires_grad for p in model.parameters()):
+            raise EngineError(f"{type(model).__name__} has no trainable parameters (none at all, or every one "
+                              f"has requires_grad=False): unfreeze the layers to train, e.g. the head")
         self.cfg = cfg
         self.device = device or local_device()
         self.distributed = cfg.distributed != "none" and init_from_env(self.device.type)

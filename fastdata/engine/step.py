@@ -65,10 +65,12 @@ def logits_of(out) -> torch.Tensor:
     """The (N, classes) logits of a model's output: a tensor, or an output object with .logits (Hugging
     Face, timm wrappers). Anything else (Inception's (logits, aux) tuple, a dict) is refused by name:
     which part is the loss's, and with what weight, is the model's recipe, not a guess to make here."""
-    if isinstance(out, torch.Tensor):
-        return out
-    logits = getattr(out, "logits", None)
+    logits = out if isinstance(out, torch.Tensor) else getattr(out, "logits", None)
     if isinstance(logits, torch.Tensor):
+        if logits.dim() != 2:   # cross_entropy would read (N, C, H, W) as per-pixel classes: a torch error
+            raise EngineError(f"the model returned logits of shape {tuple(logits.shape)}, not (N, classes): the "
+                              f"engine trains classifiers; pool and flatten in the model's head (e.g. "
+                              f"nn.AdaptiveAvgPool2d(1) then nn.Flatten() before the last Linear)")
         return logits
     raise EngineError(f"the model returned {type(out).__name__}, not a logits tensor: the engine trains with "
                       f"cross-entropy on (N, classes) logits; wrap the model so that forward returns them "
