@@ -399,3 +399,26 @@ def test_a_folder_with_pngs_is_not_sent_to_nvjpeg(tmp_path):
         _decodable_backend(source, cfg, "nvjpeg")
     jpegs = EncodedSource(noise_folder(tmp_path / "jpg"))
     assert _decodable_backend(jpegs, cfg, "auto") is cfg
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        for i in range(20):
+            yield torch.full((3,), float(i)), i
+
+
+def test_the_dataloader_factory_takes_an_iterable_dataset_as_torch_does():
+    """An IterableDataset failed at once (shuffle=True by default), and the default workers (CPUs - 1)
+    would each have yielded every sample: now no shuffle, 0 workers unless given, each sample once."""
+    dl = fastdata.dataloader(_Stream(), 8)
+    assert dl.num_workers == 0
+    assert sorted(int(i) for _, ys in dl for i in ys) == list(range(20))
+    assert fastdata.dataloader(_Stream(), 8, workers=2).num_workers == 2       # the user's dataset splits
+    with pytest.raises(LoaderError, match="IterableDataset, which orders its own samples"):
+        fastdata.dataloader(_Stream(), 8, shuffle=True)
+    with pytest.raises(LoaderError, match="autotune cannot tell whether it splits its samples"):
+        fastdata.dataloader(_Stream(), 8, autotune_seconds=0.1)
+    samples = [(torch.zeros(3), i) for i in range(20)]                   # map-style: shuffled by default
+    assert isinstance(fastdata.dataloader(samples, 8, workers=0).sampler, torch.utils.data.RandomSampler)
+    assert isinstance(fastdata.dataloader(samples, 8, workers=0, shuffle=False).sampler,
+                      torch.utils.data.SequentialSampler)

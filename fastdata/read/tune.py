@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from .._util import batch_len, usable_cpus
 from ..errors import LoaderError
@@ -27,8 +27,8 @@ log = logging.getLogger("fastdata.tune")
 @dataclass(frozen=True)
 class DataLoaderConfig:
     batch_size: int
-    shuffle: bool = True
-    workers: int | None = None        # None: usable CPUs - 1
+    shuffle: bool | None = None       # None: True for a map-style Dataset; an IterableDataset orders itself
+    workers: int | None = None        # None: usable CPUs - 1 (0 for an IterableDataset: see _iterable)
     pin_memory: bool | None = None    # None: when CUDA is available
     prefetch_factor: int = 4
     persistent_workers: bool = True
@@ -41,11 +41,30 @@ class DataLoaderConfig:
         return replace(self, workers=workers, pin_memory=pin)
 
 
+def _iterable(dataset, cfg: DataLoaderConfig, autotune_seconds) -> DataLoaderConfig:
+    """torch's rules for an IterableDataset: no shuffle option (it orders its own samples), and every
+    worker process runs the whole iterator unless the dataset splits it with get_worker_info(), which
+    cannot be seen from outside: the default of CPUs - 1 workers yielded each sample that many times."""
+    if cfg.shuffle:
+        raise LoaderError(f"{type(dataset).__name__} is an IterableDataset, which orders its own samples: "
+                          f"leave shuffle unset (shuffle inside the dataset), or use a map-style Dataset")
+    if autotune_seconds and cfg.workers is None:
+        raise LoaderError(f"{type(dataset).__name__} is an IterableDataset: autotune cannot tell whether it "
+                          f"splits its samples across workers (get_worker_info), and more workers would only "
+                          f"repeat them; pass workers=N once it does, or leave autotune_seconds out")
+    if cfg.workers is None:
+        log.info("%s is an IterableDataset: 0 workers (each worker would yield every sample unless the "
+                 "dataset splits them with torch.utils.data.get_worker_info(); pass workers=N once it does)",
+                 type(dataset).__name__)
+    return replace(cfg, shuffle=False, workers=0 if cfg.workers is None else cfg.workers)
+
+
 def _build(dataset, cfg: DataLoaderConfig, collate_fn=None) -> DataLoader:
     w = cfg.workers
     gen = torch.Generator()
     gen.manual_seed(cfg.seed)
-    return DataLoader(dataset, cfg.batch_size, shuffle=cfg.shuffle, num_workers=w, pin_memory=cfg.pin_memory,
+    shuffle = None if isinstance(dataset, IterableDataset) else cfg.shuffle is not False
+    return DataLoader(dataset, cfg.batch_size, shuffle=shuffle, num_workers=w, pin_memory=cfg.pin_memory,
                       drop_last=cfg.drop_last, generator=gen, collate_fn=collate_fn,
                       prefetch_factor=cfg.prefetch_factor if w else None,
                       persistent_workers=cfg.persistent_workers and w > 0)
@@ -108,6 +127,8 @@ def tuned_dataloader(dataset, batch_size: int, *, autotune_seconds: float | None
     cfg = DataLoaderConfig(batch_size, **options)
     if cfg.batch_size < 1 or (cfg.workers is not None and cfg.workers < 0) or cfg.prefetch_factor < 1:
         raise LoaderError(f"tuned_dataloader({cfg}): batch_size and prefetch_factor must be >= 1, workers >= 0")
+    if isinstance(dataset, IterableDataset):
+        cfg = _iterable(dataset, cfg, autotune_seconds)
     tuning = None
     if autotune_seconds:
         cfg, results, gain = autotune(dataset, cfg, autotune_seconds, collate_fn)
