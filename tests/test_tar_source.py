@@ -83,3 +83,30 @@ def test_hostile_members_are_quarantined_and_nothing_is_written_outside_dest(ima
     after = set(tmp_path.rglob("*")) | set(Path("/tmp").glob("abs-evil*"))
     assert {p for p in after - before if p != dest and dest not in p.parents} == set()
     assert not (tmp_path / "evil.jpg").exists() and not os.path.exists("/tmp/abs-evil.jpg")
+
+
+def test_a_sample_without_its_label_is_quarantined_not_made_class_0(image_folder, tmp_path, caplog):
+    """In a labelled tar, a sample missing its .cls became class "0" beside the real class 0; WebDataset
+    .json metadata labels were skipped (and those samples made class 0 too)."""
+    import fastdata
+
+    photos = _photos(image_folder, 8)
+    tar = tmp_path / "shard-000.tar"
+    with tarfile.open(tar, "w") as tf:
+        for k in range(6):
+            _add(tf, f"{k:04d}.jpg", photos[k].read_bytes())
+            if k == 4:
+                _add(tf, f"{k:04d}.json", b'{"label": 2, "caption": "a photo"}')
+            elif k != 3:
+                _add(tf, f"{k:04d}.cls", str(k % 3).encode())
+        _add(tf, "0006.jpg", photos[6].read_bytes())
+        _add(tf, "0006.cls", b"x" * 100)                  # not a label: too long
+    res = build(tar, tmp_path / "c", workers=0)
+    assert sorted(q["path"].rsplit("/", 1)[-1] for q in res.manifest.quarantined) == ["0003.jpg", "0006.jpg"]
+    assert "not guessed" in res.manifest.quarantined[0]["reason"]
+    labels = {k.rsplit("/", 1)[-1]: int(lab) for k, lab in zip(CacheDataset(tmp_path / "c").cache.shard(0).keys,
+                                                           CacheDataset(tmp_path / "c").cache.labels())}
+    assert labels == {"0000.jpg": 0, "0001.jpg": 1, "0002.jpg": 2, "0004.jpg": 2, "0005.jpg": 2}
+    dl = fastdata.loader(tar, 2, backend="pil", device="cpu", shuffle=False)   # read in place: left out, warned
+    assert sorted(int(y) for _, ys in dl for y in ys) == [0, 1, 2, 2, 2]
+    assert "2 input(s) left out" in caplog.text

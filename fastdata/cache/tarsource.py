@@ -2,8 +2,10 @@
 
 A sample is the group of members sharing a basename up to its first dot, within one tar
 (``a/x001.jpg`` + ``a/x001.cls`` -> sample ``a/x001``). The image is the member with an image
-extension; the label is the integer text of a ``.cls`` / ``.label`` member, or else the first
-folder of the member's path (ImageFolder inside a tar), numbered in sorted order.
+extension; the label is the integer text of a ``.cls`` / ``.label`` member, or the integer under
+"label"/"cls"/"class"/"target" in a ``.json`` member. Where no sample has one, it is the first folder
+of the member's path (ImageFolder inside a tar), numbered in sorted order; where some do, a sample
+without one is quarantined (it used to become class "0", beside the real class 0).
 
 Nothing is extracted: each item records (tar path, data offset, size), and the build reads those
 bytes with one pread. So a member can never be written anywhere, and names are never followed:
@@ -26,6 +28,7 @@ from ..errors import SourceError
 
 TAR_EXTS = (".tar",)
 LABEL_EXTS = (".cls", ".label", ".cls.txt")
+JSON_LABEL_KEYS = ("label", "cls", "class", "target")
 
 
 def is_tar_source(src: Path) -> bool:
@@ -68,12 +71,35 @@ def _sample_key(name: str) -> tuple[str, str]:
     return posixpath.join(folder, stem), (dot + ext).lower()
 
 
-def _label_text(tar_path: Path, m: tarfile.TarInfo) -> str:
-    if m.size > 64:
-        return ""
+def _member_bytes(tar_path: Path, m: tarfile.TarInfo, limit: int) -> bytes | None:
+    if m.size > limit:
+        return None
     with open(tar_path, "rb") as f:
         f.seek(m.offset_data)
-        return f.read(m.size).decode("utf-8", "replace").strip()
+        return f.read(m.size)
+
+
+def _label_text(tar_path: Path, m: tarfile.TarInfo) -> str:
+    """A .cls/.label member's text ('' when it is empty or too long to be a label)."""
+    data = _member_bytes(tar_path, m, 64)
+    return "" if data is None else data.decode("utf-8", "replace").strip()
+
+
+def _json_label(tar_path: Path, m: tarfile.TarInfo) -> str:
+    """The integer under "label", "cls", "class" or "target" of a sample's .json member (WebDataset
+    metadata), as text; '' when there is none. json.loads builds plain values only: nothing runs."""
+    import json
+
+    data = _member_bytes(tar_path, m, 1 << 16)
+    try:
+        obj = json.loads(data) if data is not None else None
+    except ValueError:
+        return ""
+    if isinstance(obj, dict):
+        for k in JSON_LABEL_KEYS:
+            if isinstance(obj.get(k), int) and not isinstance(obj.get(k), bool):
+                return str(obj[k])
+    return ""
 
 
 def tar_items(src: Path, image_exts: frozenset[str], item_cls):
@@ -95,6 +121,8 @@ def tar_items(src: Path, image_exts: frozenset[str], item_cls):
             g = groups.setdefault((tar_path, key), {})
             if ext in LABEL_EXTS:
                 g["label"] = _label_text(tar_path, m)
+            elif ext == ".json":
+                g["json"] = _json_label(tar_path, m)
             elif ext in image_exts or any(ext.endswith(e) for e in image_exts):
                 g["image"] = (m, prefix + name)
             else:
@@ -103,12 +131,23 @@ def tar_items(src: Path, image_exts: frozenset[str], item_cls):
 
 
 def _assemble(groups: dict, rejected: list, skipped: list, item_cls):
+    """Labels from the samples' label members where any sample has one: then a sample without one is
+    quarantined, not given class "0" beside the real class 0. Else from the first folder of the member
+    path (ImageFolder inside a tar), or one class "0" for a flat, unlabelled tar."""
     names = {}
+    labelled = any(g.get("label") or g.get("json") for g in groups.values() if "image" in g)
     for (tar_path, key), g in groups.items():
         if "image" not in g:
             skipped.append((f"{tar_path.name}/{key}", "sample without an image member"))
             continue
-        names[(tar_path, key)] = g.get("label") or (key.split("/")[0] if "/" in key else "0")
+        label = g.get("label") or g.get("json")
+        if labelled and not label:
+            why = ("its label member is empty or not a label" if "label" in g else
+                   "no label member (.cls, .label, or .json with a label) beside its image, while other "
+                   "samples have one: not guessed")
+            rejected.append((g["image"][1], why, str(tar_path)))
+            continue
+        names[(tar_path, key)] = label or (key.split("/")[0] if "/" in key else "0")
     values = set(names.values())
     if values and all(v.isdigit() for v in values):
         order = sorted(values, key=int)

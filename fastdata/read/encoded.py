@@ -12,6 +12,7 @@ coverage audit with fastdata.loader.
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,8 @@ from ..cache.sources import Source, discover, read_item
 from .reader import open_cache
 from .select import is_cache
 from ..errors import LoaderError
+
+log = logging.getLogger("fastdata.read")
 
 
 class EncodedSource:
@@ -49,9 +52,9 @@ class EncodedSource:
         else:
             src = src or discover(path, allow_empty_classes=allow_empty_classes)
             self.layout = src.layout
-            self.items, self.label_map = src.items, src.label_map
-            self.shard_counts = [len(src.items)]   # files have no locality to keep: shuffle them all
-            self.window = len(src.items)
+            self.items, self.label_map = _readable(src, self.path), src.label_map
+            self.shard_counts = [len(self.items)]   # files have no locality to keep: shuffle them all
+            self.window = len(self.items)
 
     def __len__(self) -> int:
         return sum(self.shard_counts)
@@ -147,3 +150,17 @@ def undecodable(source: EncodedSource, idx, limit: int = 5) -> list[str]:
         if len(bad) >= limit:
             break
     return bad
+
+
+def _readable(src: Source, where: Path) -> tuple:
+    """The source's items less those discovery already found unreadable (a dangling link, a tar member
+    with an unsafe name or without its label): a build quarantines them; read directly, each was handed
+    to the decoder as the whole tar or a missing file and failed its batch. Left out with a warning."""
+    bad = [it for it in src.items if it.problem]
+    if not bad:
+        return src.items
+    if len(bad) == len(src.items):
+        raise LoaderError(f"{where}: no input can be read (e.g. {bad[0].key}: {bad[0].problem})")
+    log.warning("%s: %d input(s) left out, e.g. %s: %s; `fastdata build-cache` lists them all (quarantined)",
+                where, len(bad), bad[0].key, bad[0].problem)
+    return tuple(it for it in src.items if not it.problem)
