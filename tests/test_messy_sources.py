@@ -349,3 +349,17 @@ def test_a_folder_holding_a_downloaded_archive_says_what_to_do(tmp_path, name, n
     with pytest.raises(SourceError, match=re.escape(needle)):
         build(tmp_path / "src", tmp_path / "c", workers=0)
     assert not (tmp_path / "c").exists()
+
+
+def test_reading_an_unfinished_build_says_to_finish_it(image_folder, tmp_path):
+    """A killed build (shards and .build/, no manifest) read by the loader was called "a fastdata cache,
+    not an image folder: read it with fastdata.loader(...)", which is what the user had just done."""
+    import fastdata
+
+    build(image_folder, tmp_path / "c", workers=0)
+    (tmp_path / "c" / "manifest.json").unlink()
+    (tmp_path / "c" / ".build").mkdir(exist_ok=True)
+    with pytest.raises(SourceError, match="build has not finished .*rerun the same `fastdata build-cache`"):
+        fastdata.loader(tmp_path / "c", 4, backend="pil", device="cpu")
+    with pytest.raises(SourceError, match="build has not finished"):
+        fastdata.loader(tmp_path / "c", 4, device="cpu")

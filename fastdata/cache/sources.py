@@ -218,6 +218,10 @@ def discover(src: str | Path, images_only: bool = True, *, exclude: tuple[str | 
             raise SourceError(f"SRC {src}: cannot scan {e.filename or src} ({e.strerror or e}); "
                               f"fix its permissions or point SRC at the dataset folder itself") from e
     if not source.items and src.is_dir() and is_cache_dir(src):
+        if not (src / "manifest.json").is_file():   # the loader sent it here: it is no cache yet
+            raise SourceError(f"{src} is a cache whose build has not finished (no manifest.json, a .build "
+                              f"folder): rerun the same `fastdata build-cache` command to finish it, then "
+                              f"read it")
         raise SourceError(f"SRC {src} is a fastdata cache, not an image folder: read it with "
                           f"fastdata.loader({str(src)!r}), check it with `fastdata info {src}`, or give the "
                           f"image folder it was built from to build another cache")
