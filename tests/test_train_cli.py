@@ -275,3 +275,28 @@ def test_running_out_of_gpu_memory_is_one_line_naming_the_fix(raw_cache, tmp_pat
     monkeypatch.setattr(train_cli, "assemble", other)
     with pytest.raises(RuntimeError, match="a model bug"):
         main(_train(raw_cache, tmp_path / "ck"))
+
+
+def test_train_takes_every_source_the_loader_reads(image_folder, tmp_path, monkeypatch):
+    """`--data list.csv` or a .tar was refused ("neither a fastdata cache nor an image folder"), and
+    classes were counted as sub-folders; now from the label map the loader uses."""
+    import tarfile
+
+    from fastdata.read.select import num_classes
+
+    photos = sorted(image_folder.rglob("*.jpg"))[:6]
+    lst = tmp_path / "list.csv"
+    lst.write_text("path,label\n" + "".join(f"{p},{'cat' if k % 2 else 'dog'}\n" for k, p in enumerate(photos)))
+    tar = tmp_path / "shard.tar"
+    with tarfile.open(tar, "w") as tf:
+        for k, p in enumerate(photos):
+            tf.add(p, f"{k:03d}.jpg")
+            data = str(k % 3).encode()
+            info = tarfile.TarInfo(f"{k:03d}.cls")
+            info.size = len(data)
+            tf.addfile(info, __import__("io").BytesIO(data))
+    assert (num_classes(lst), num_classes(tar), num_classes(image_folder)) == (2, 3, 10)
+    for data in (lst, tar):
+        args = ["train", "--data", str(data), "--model", "smallnet", "--batch-size", "2", "--image-size", "32",
+                "--precision", "fp32", "--steps", "2", "--ckpt-dir", str(tmp_path / f"ck-{data.suffix[1:]}")]
+        assert main(args) == 0

@@ -4,16 +4,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cache.format import MANIFEST, load_manifest
-from ..errors import FastdataError
 
 def is_cache(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
-def num_classes(path: str | Path) -> int:
-    if is_cache(path):
-        return max(1, len(load_manifest(path).label_map))
-    p = Path(path)
-    if p.is_dir():
-        return max(1, sum(1 for d in p.iterdir() if d.is_dir() and not d.name.startswith(".")))
-    raise FastdataError(f"--data {path}: neither a fastdata cache nor an image folder")
+def num_classes(path: str | Path, storage_options: dict | None = None) -> int:
+    """Classes of what `fastdata train --data` names, before its loader exists (the model is sized
+    first): a cache's label map (local or s3://), else the label map discovery gives a folder, file
+    list or tar, the one the loader will use. Counting sub-folders missed file lists and tars (refused
+    as "neither a cache nor an image folder") and counted folders discovery leaves out."""
+    if str(path).startswith("s3://") or is_cache(path):
+        return max(1, len(load_manifest(path, storage_options).label_map))
+    from ..cache.sources import discover
+
+    return max(1, len(discover(path).label_map))
