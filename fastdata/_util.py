@@ -139,6 +139,14 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"  # pragma: no cover
 
 
+def user_path(path):
+    """`~/data` -> the home folder's data, as torchvision's datasets take it (a quoted '~' reaches us
+    unexpanded, and Python strings never are); anything else unchanged."""
+    if isinstance(path, (str, Path)) and str(path).startswith("~"):
+        return type(path)(os.path.expanduser(str(path)))
+    return path
+
+
 def refuse_url(text: str | Path, what: str) -> None:
     """Object storage is not supported yet: a scheme:// path would become a local folder named 's3:'."""
     scheme, sep, _ = str(text).partition("://")

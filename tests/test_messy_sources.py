@@ -363,3 +363,18 @@ def test_reading_an_unfinished_build_says_to_finish_it(image_folder, tmp_path):
         fastdata.loader(tmp_path / "c", 4, backend="pil", device="cpu")
     with pytest.raises(SourceError, match="build has not finished"):
         fastdata.loader(tmp_path / "c", 4, device="cpu")
+
+
+def test_a_path_starting_with_tilde_is_the_home_folder(image_folder, tmp_path, monkeypatch):
+    """torchvision's datasets expand '~'; ours took it literally: a build to '~/cache' (quoted, or from
+    Python) made a folder named '~' in the working directory, and the loader said '~/...' does not exist."""
+    import fastdata
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    assert main(["build-cache", str(image_folder), "~/cache", "--size", "32", "--no-progress"]) == 0
+    assert (tmp_path / "home" / "cache" / "manifest.json").is_file() and not (tmp_path / "~").exists()
+    assert len(fastdata.loader("~/cache", 8, device="cpu")) == len(fastdata.loader(tmp_path / "home" / "cache", 8,
+                                                                                   device="cpu"))
+    assert len(CacheDataset("~/cache")) == 120 and main(["info", "~/cache"]) == 0

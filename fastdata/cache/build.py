@@ -16,12 +16,12 @@ import math
 import multiprocessing as mp
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
-from .._util import human_bytes, parse_size, usable_cpus, write_json_atomic
+from .._util import human_bytes, parse_size, usable_cpus, user_path, write_json_atomic
 from ..errors import BuildError, FastdataError
 from .codecs import ENCODINGS, RESIZE_MODES, CodecConfig
 from .executors import shard_map
@@ -219,6 +219,7 @@ def _check_finished(cfg, done: Manifest, dest: Path, items, fp: str):
 def build_cache(cfg: BuildConfig) -> BuildResult:
     """Build (or resume, or confirm, or repair) the cache described by cfg."""
     cfg.validate()
+    cfg = replace(cfg, src=user_path(cfg.src), dest=user_path(cfg.dest))
     if cfg.decoder == "nvjpeg":          # before DEST is made
         from .gpu_build import check_gpu_decoder
 

@@ -37,7 +37,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .._util import refuse_url
+from .._util import refuse_url, user_path
 from ..errors import CacheFormatError
 
 FORMAT_VERSION = 2       # 2: manifest_sha256 and checked counts; version 1 caches are still read
@@ -149,7 +149,7 @@ def load_manifest(cache_dir: str | Path, storage_options: dict | None = None) ->
         return Manifest.from_json(fetch_manifest(str(cache_dir), storage_options),
                                   f"{str(cache_dir).rstrip('/')}/{MANIFEST}")
     refuse_url(cache_dir, "cache")
-    cache_dir = Path(cache_dir)
+    cache_dir = Path(user_path(cache_dir))
     path = cache_dir / MANIFEST
     if not cache_dir.exists():
         raise CacheFormatError(f"{cache_dir} does not exist; give the folder build-cache wrote (its DEST)")

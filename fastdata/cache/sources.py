@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._util import refuse_url
+from .._util import refuse_url, user_path
 from ..errors import SourceError
 from .lists import read_list
 from .tarsource import is_tar_source, tar_items
@@ -197,7 +197,7 @@ def discover(src: str | Path, images_only: bool = True, *, exclude: tuple[str | 
             raise SourceError(f"SRC {src}: no input files found under this prefix; check the bucket and prefix")
         return source
     refuse_url(src, "SRC")
-    src = Path(src)
+    src = Path(user_path(src))
     if not src.exists() and not src.is_symlink():
         raise SourceError(f"SRC {src} does not exist; give an image folder (class sub-folders) or a file list (.csv/.txt)")
     if is_tar_source(src):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._util import refuse_url
+from .._util import refuse_url, user_path
 from ..stores.local import LocalStore
 from ..stores.s3 import is_url
 from ..cache.format import Manifest, load_manifest
@@ -36,6 +36,7 @@ class Cache:
 
     def __init__(self, path: str | Path, integrity: str = "shard", remote=None) -> None:
         self._remote_cfg, self.url = None, None
+        path = user_path(path)
         if is_url(path):   # object storage: shards are fetched into a bounded local folder (stores/fetch.py)
             from ..stores.fetch import RemoteConfig
 

@@ -25,6 +25,7 @@ from ..errors import LoaderError
 from .augment import AugmentConfig
 from .config import BACKENDS, DecodeOptions, LoaderConfig, split_options
 from .core import Loader, resolve_device
+from .._util import user_path
 from .reader import Cache, open_cache
 from ..stores.s3 import is_url
 from .select import is_cache
@@ -152,6 +153,7 @@ def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto"
     without samples (ImageFolder's allow_empty) instead of an error naming one.
     """
     augment = AugmentConfig() if augment is True else (None if augment is False else augment)
+    data = user_path(data)
     name = _pick(LEGACY.get(backend, backend), data, augment, device)
     if name != "raw" and augment is None:
         augment = AugmentConfig()
