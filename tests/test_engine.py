@@ -330,6 +330,24 @@ def test_models_the_engine_cannot_train_are_named_before_torch_fails():
     Engine(frozen_backbone, cfg).fit(_fixed_batches(1, 8))
 
 
+def test_integer_label_columns_of_any_width_train_like_int64_ids():
+    """int32 labels (numpy datasets) and (N, 1) label columns failed cross_entropy; float (N, C) soft
+    targets (mixup) pass as they are."""
+    from fastdata.engine.engine import class_ids
+
+    cfg = EngineConfig(precision="fp32", channels_last=False, lr=0.1)
+    data = _fixed_batches(2, 8)
+    ref = Engine(tiny_net(), cfg)
+    ref.fit(data)
+    for convert in (lambda y: y.int(), lambda y: y[:, None], lambda y: y.to(torch.int16)[:, None]):
+        eng = Engine(tiny_net(), cfg)
+        eng.fit([(x, convert(y)) for x, y in data])
+        for a, b in zip(eng.model.parameters(), ref.model.parameters()):
+            assert torch.equal(a, b)
+    soft = torch.softmax(torch.randn(8, 10), 1)
+    assert class_ids(soft) is soft and class_ids(torch.tensor([True, False])).dtype == torch.int64
+
+
 def test_dict_batches_train_like_tuples_and_unknown_keys_are_named():
     """Hugging Face datasets collate to {"pixel_values", "labels"}; batch[0] raised KeyError: 0."""
     data = _fixed_batches(2, 8)

@@ -85,6 +85,17 @@ def images_and_labels(batch) -> tuple[torch.Tensor, torch.Tensor]:
     return batch[0], batch[1]
 
 
+def class_ids(labels: torch.Tensor) -> torch.Tensor:
+    """Integer labels as the int64 (N,) ids cross_entropy takes: numpy's int32 datasets and (N, 1)
+    label columns failed it ("expected target dtype to be Long", "multi-target not supported").
+    Float (N, classes) labels are soft targets (mixup, label smoothing done by the loader) and pass."""
+    if labels.is_floating_point():
+        return labels
+    if labels.dim() == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    return labels if labels.dtype == torch.int64 else labels.long()
+
+
 class Engine:
     """Engine(model, EngineConfig).fit(loader, steps=...) -> report dict."""
 
@@ -127,7 +138,7 @@ class Engine:
                               "fastdata.loader(cache, bs, augment=AugmentConfig(dtype=engine.cfg.batch_dtype)), "
                               "or convert them to float in your own loader")
         images = images.to(self.device, non_blocking=True)
-        labels = labels.to(self.device, non_blocking=True)
+        labels = class_ids(labels).to(self.device, non_blocking=True)
         if self.cfg.channels_last and images.dim() == 4:
             images = images.contiguous(memory_format=torch.channels_last)
         return images, labels
