@@ -72,9 +72,9 @@ def test_a_batch_the_engines_cannot_take_is_decoded_by_torchvision(engines, imag
                          augment=AugmentConfig(size=32, train=False))
     n = sum(len(b.labels) for b in dl)
     dl.close()
-    # the progressive file's batch goes to torchvision; the engines may refuse other batches too (an H100
-    # sent a second batch of this folder to torchvision, where the H200 took it): every image is decoded
-    # once, by one of the two, and the engines took the rest
+    # the progressive file's batch goes to torchvision and the engines take the others. The counts also
+    # hold the batches the GPU thread decoded ahead, into the next epoch, before close() (an H100 run:
+    # hardware 120 + torchvision 16 for n = 120), so they are bounds, not equalities
     done = dl.backend.decoded
-    assert done["torchvision"] >= 8 and done["hardware"] > 0
-    assert done["hardware"] + done["torchvision"] == n
+    assert done["torchvision"] >= 8 and done["hardware"] >= n - 8 - 8 * dl.backend.stage_ahead
+    assert n <= done["hardware"] + done["torchvision"] <= n + 8 * (dl.backend.stage_ahead + 1)
