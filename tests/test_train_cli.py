@@ -300,3 +300,20 @@ def test_train_takes_every_source_the_loader_reads(image_folder, tmp_path, monke
         args = ["train", "--data", str(data), "--model", "smallnet", "--batch-size", "2", "--image-size", "32",
                 "--precision", "fp32", "--steps", "2", "--ckpt-dir", str(tmp_path / f"ck-{data.suffix[1:]}")]
         assert main(args) == 0
+
+
+def test_train_takes_allow_empty_classes_as_build_cache_does(image_folder, tmp_path, capsys):
+    """An empty class folder: train's error told the user to pass --allow-empty-classes, which train
+    did not take."""
+    import shutil
+
+    src = tmp_path / "src"
+    for c in ("a", "b"):
+        (src / c).mkdir(parents=True)
+        for p in sorted(image_folder.rglob("*.jpg"))[:3]:
+            shutil.copy(p, src / c / p.name)
+    (src / "c_empty").mkdir()
+    args = ["train", "--data", str(src), "--model", "smallnet", "--batch-size", "2", "--image-size", "32",
+            "--precision", "fp32", "--steps", "2", "--ckpt-dir", str(tmp_path / "ck")]
+    assert main(args) == 2 and "--allow-empty-classes" in capsys.readouterr().err
+    assert main(args + ["--allow-empty-classes"]) == 0

@@ -31,6 +31,7 @@ class RunConfig:
     seed: int = 0
     engine: EngineConfig = field(default_factory=EngineConfig)
     loader_options: tuple[tuple[str, object], ...] = ()   # backend options, e.g. (("threads", 8),)
+    allow_empty_classes: bool = False   # an image folder's empty class folders: labels without samples
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ def build_loader(run: RunConfig, batch_size: int, device, rank: int, world_size:
     aug = AugmentConfig(size=run.image_size, dtype=run.engine.batch_dtype, kernel=run.kernel,
                         channels_last=run.engine.channels_last)
     return loader(run.data, batch_size, backend=run.backend, seed=run.seed, device=str(device), augment=aug,
-                  rank=rank, world_size=world_size, **dict(run.loader_options))
+                  rank=rank, world_size=world_size, allow_empty_classes=run.allow_empty_classes,
+                  **dict(run.loader_options))
 
 
 def assemble(run: RunConfig) -> Run:
@@ -62,7 +64,7 @@ def assemble(run: RunConfig) -> Run:
     if run.batch_size != "auto" and not (isinstance(run.batch_size, int) or str(run.batch_size).isdigit()):
         raise FastdataError(f"batch size {run.batch_size!r}: give a positive integer or 'auto'")
     seed_everything(run.seed)   # before the model is built: its initial weights come from this seed
-    classes = num_classes(run.data)
+    classes = num_classes(run.data, allow_empty_classes=run.allow_empty_classes)
     engine = Engine(resolve_model(run.model, classes), run.engine)
     if run.batch_size == "auto":
         from .train import auto_batch

@@ -14,7 +14,9 @@ log = logging.getLogger("fastdata.engine")
 
 def add_cli(sub, commands: dict) -> None:
     p = sub.add_parser("train", help="train a model with the fastdata engine")
-    p.add_argument("--data", required=True, help="cache folder, or an image folder with --backend dali|nvjpeg|cpu")
+    p.add_argument("--data", required=True, help="cache folder, s3:// cache, image folder, file list or tar")
+    p.add_argument("--allow-empty-classes", action="store_true",
+                   help="an image folder's class folders without images stay labels (as for build-cache)")
     p.add_argument("--backend", default="auto", choices=("auto", "raw", "pil", "nvjpeg", "dali", "cache", "cpu"),
                    help="fastdata.loader's backend: raw (raw cache), dali/nvjpeg (GPU JPEG decode), pil (CPU); "
                         "auto picks; cache and cpu are the wave-1 names of raw and pil")
@@ -121,7 +123,8 @@ def run_train(a) -> int:
 
         ensure_writable(Path(cfg.ckpt_dir))
     run = assemble(RunConfig(data=a.data, model=a.model, batch_size=a.batch_size, backend=a.backend,
-                             image_size=a.image_size, seed=a.seed, engine=cfg))
+                             image_size=a.image_size, seed=a.seed, engine=cfg,
+                             allow_empty_classes=a.allow_empty_classes))
     engine, loader, bs, curve = run.engine, run.loader, run.batch_size, run.batch_curve
     resume = _resume_path(a, cfg)
     if resume:

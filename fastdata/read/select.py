@@ -9,7 +9,7 @@ def is_cache(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
-def num_classes(path: str | Path, storage_options: dict | None = None) -> int:
+def num_classes(path: str | Path, storage_options: dict | None = None, allow_empty_classes: bool = False) -> int:
     """Classes of what `fastdata train --data` names, before its loader exists (the model is sized
     first): a cache's label map (local or s3://), else the label map discovery gives a folder, file
     list or tar, the one the loader will use. Counting sub-folders missed file lists and tars (refused
@@ -18,4 +18,4 @@ def num_classes(path: str | Path, storage_options: dict | None = None) -> int:
         return max(1, len(load_manifest(path, storage_options).label_map))
     from ..cache.sources import discover
 
-    return max(1, len(discover(path).label_map))
+    return max(1, len(discover(path, allow_empty_classes=allow_empty_classes).label_map))
