@@ -378,3 +378,13 @@ def test_a_path_starting_with_tilde_is_the_home_folder(image_folder, tmp_path, m
     assert len(fastdata.loader("~/cache", 8, device="cpu")) == len(fastdata.loader(tmp_path / "home" / "cache", 8,
                                                                                    device="cpu"))
     assert len(CacheDataset("~/cache")) == 120 and main(["info", "~/cache"]) == 0
+
+
+def test_a_missing_input_is_named_with_every_kind_of_input(tmp_path, capsys):
+    """The message said "SRC ... or a file list" to loader and train users too, and left out tars and caches."""
+    import fastdata
+
+    with pytest.raises(SourceError, match=r"nope does not exist; give an image folder .*a \.tar .*or a cache"):
+        fastdata.loader(tmp_path / "nope", 4, device="cpu")
+    assert main(["build-cache", str(tmp_path / "nope"), str(tmp_path / "c")]) == 2
+    assert "SRC" not in capsys.readouterr().err and not (tmp_path / "c").exists()

@@ -199,7 +199,8 @@ def discover(src: str | Path, images_only: bool = True, *, exclude: tuple[str | 
     refuse_url(src, "SRC")
     src = Path(user_path(src))
     if not src.exists() and not src.is_symlink():
-        raise SourceError(f"SRC {src} does not exist; give an image folder (class sub-folders) or a file list (.csv/.txt)")
+        raise SourceError(f"{src} does not exist; give an image folder (class sub-folders), a file list "
+                          f"(.csv/.txt), a .tar or folder of them, or a cache")
     if is_tar_source(src):
         items, label_map, skipped = tar_items(src, IMAGE_EXTS if images_only else frozenset({""}), Item)
         source = Source(items, label_map, "tar", skipped)
