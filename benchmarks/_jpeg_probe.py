@@ -86,11 +86,8 @@ class Tweaked:
     """A loader run with the GIL switch interval at `switch` seconds and/or its GPU thread `ahead`
     batches ahead; both restored on close."""
 
-    def __init__(self, loader, switch: float | None = None, ahead: int | None = None,
-                 priority: int | None = None) -> None:
+    def __init__(self, loader, switch: float | None = None, ahead: int | None = None) -> None:
         self.loader, self.old = loader, sys.getswitchinterval()
-        if priority is not None:        # the GPU thread's decode stream (torch: lower is higher priority)
-            loader.backend._stream = torch.cuda.Stream(loader.device, priority=priority)
         if switch is not None:
             sys.setswitchinterval(switch)
         if ahead is not None:
@@ -138,8 +135,11 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("jpeg nvjpeg loader, engines, batches discarded (synthetic x)", lambda: jpeg(hardware=True), lambda b: syn.x),
         ("jpeg nvjpeg loader, torchvision, batches discarded (synthetic x)", lambda: jpeg(hardware=False),
          lambda b: syn.x),
-        ("jpeg nvjpeg loader, engines, 4 threads", lambda: Tweaked(jpeg(hardware=True, threads=4)), None),
-        ("jpeg nvjpeg loader, engines, GPU thread 4 batches ahead", lambda: Tweaked(jpeg(hardware=True), ahead=4), None),
+        ("jpeg nvjpeg loader, engines, 2 lanes", lambda: Tweaked(jpeg(hardware=True, lanes=2)), None),
+        ("jpeg nvjpeg loader, engines, 4 lanes", lambda: Tweaked(jpeg(hardware=True, lanes=4)), None),
+        ("jpeg nvjpeg loader, torchvision, 2 lanes", lambda: Tweaked(jpeg(hardware=False, lanes=2)), None),
+        ("jpeg nvjpeg loader, engines, 4 lanes, batches discarded (synthetic x)",
+         lambda: jpeg(hardware=True, lanes=4), lambda b: syn.x),
         (f"synthetic + nvJPEG decode in a thread, {rate:.0f} batches/s", lambda: DecodeThread(syn, jpeg_cache, bs, rate),
          None),
     ]

@@ -101,7 +101,7 @@ def test_nvjpeg_out_of_memory_is_not_called_a_bad_file(monkeypatch):
     io.decode_jpeg, io.ImageReadMode = oom, SimpleNamespace(RGB=0)
     monkeypatch.setitem(sys.modules, "torchvision", types.ModuleType("torchvision"))
     monkeypatch.setitem(sys.modules, "torchvision.io", io)
-    fake = SimpleNamespace(_hw=None, decoded={"torchvision": 0}, device=torch.device("cpu"))
+    fake = SimpleNamespace(_count=lambda which, n: None, device=torch.device("cpu"))
     with pytest.raises(LoaderError, match="ran out of memory decoding a batch of 2 JPEGs.*lower batch_size") as e:
-        NvjpegBackend._decode(fake, [np.zeros(4, np.uint8)] * 2, np.arange(2), None)
+        NvjpegBackend._decode(fake, [np.zeros(4, np.uint8)] * 2, np.arange(2), None, {"hw": None})
     assert "quarantine" not in str(e.value)

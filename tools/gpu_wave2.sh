@@ -66,6 +66,10 @@ stage_s3() {        # needs s3fs + moto: carry .s3whl (pip download s3fs "moto[s
         --seconds ${S3_SECONDS:-5} 2>&1 | grep -v "Warning\|warn(" | tail -14
     cp benchmarks/results/s3-loader-* "$RES"/ 2>/dev/null
 }
+stage_lanes() {     # the nvjpeg loader alone by decoder, lanes and nvJPEG backend (stage probe --jpeg made the cache)
+    timeout ${LANES_TIMEOUT:-240} $PY benchmarks/decode_lanes.py --jpeg /tmp/zoo/jpeg256 --out "$RES" \
+        ${LANES_ARGS:-} 2>&1 | grep -v "Warning\|warn(" | tail -20
+}
 stage_decode() {    # decode-only img/s of the JPEG backends on the zoo's JPEG cache (stage zoo with --jpeg-backends made it)
     timeout ${DECODE_TIMEOUT:-200} $PY benchmarks/decode.py --src /tmp/zoo/src --jpeg /tmp/zoo/jpeg256 \
         --backends ${DECODE_BACKENDS:-nvjpeg} --seconds 5 --out "$RES" 2>&1 | grep -v "Warning\|warn(" | tail -15

@@ -69,9 +69,16 @@ class NvjpegOptions:
     # default: measured on an H100 it fed resnet18 at 73.8% of synthetic against torchvision's 75.4%,
     # resnet50 at 84.4% against 90.2% (benchmarks/results/gpu-session-H100-2026-12-05.md)
     hardware: bool = False
+    # GPU threads decoding batches side by side, each with its own CUDA stream and (with hardware) its own
+    # nvJPEG handle: the hardware call spends its time in nvJPEG's host-side setup per image, which
+    # lanes overlap. torchvision's decode_jpeg serialises every call of a process, so lanes without
+    # hardware overlap only the crops
+    lanes: int = 1
 
     def check(self) -> None:
         check_mode(self.integrity)
+        if not isinstance(self.lanes, int) or isinstance(self.lanes, bool) or self.lanes < 1:
+            raise LoaderError(f"NvjpegOptions(lanes={self.lanes!r}): give a whole number of GPU threads, 1 or more")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -78,3 +78,20 @@ def test_a_batch_the_engines_cannot_take_is_decoded_by_torchvision(engines, imag
     done = dl.backend.decoded
     assert done["torchvision"] >= 8 and done["hardware"] >= n - 8 - 8 * dl.backend.stage_ahead
     assert n <= done["hardware"] + done["torchvision"] <= n + 8 * (dl.backend.stage_ahead + 1)
+
+
+@pytest.mark.parametrize("hardware", [True, False])
+def test_lanes_give_the_batches_of_one_lane_in_order(hardware, jpeg_cache):
+    """Several GPU threads decode batches side by side; the loader still yields each epoch's batches in
+    its order, with the same crops, and every sample once."""
+    outs = []
+    for lanes in (1, 3):
+        dl = fastdata.loader(jpeg_cache, 8, backend="nvjpeg", device="cuda", seed=11, hardware=hardware,
+                             lanes=lanes, augment=AugmentConfig(size=40, dtype="float32"))
+        outs.append([(b.images.float().cpu(), b.labels.cpu(), b.indices.numpy().copy()) for b in dl])
+        dl.close()
+    one, three = outs
+    assert len(one) == len(three) and sorted(np.concatenate([i for *_, i in three]).tolist()) == \
+        list(range(len(EncodedSource(jpeg_cache))))
+    for (a, la, ia), (b, lb, ib) in zip(one, three):
+        assert np.array_equal(ia, ib) and torch.equal(la, lb) and torch.equal(a, b)

@@ -1,12 +1,12 @@
 """Backend nvjpeg: JPEG decode on the GPU without DALI, on the NVJPG engines where it can.
 
     reader threads:  encoded bytes (files or cache samples), and each baseline JPEG's size
-    one GPU thread:  on its own CUDA stream: nvJPEG decodes the batch in one call, then crop, resize,
-                     flip and normalise; records an event
+    GPU thread(s):   options.lanes of them, each on its own CUDA stream, batches in turn: nvJPEG
+                     decodes the batch in one call, then crop, resize, flip and normalise; records an event
     training thread: waits for that event on its stream (no host sync)
 
-so the training thread launches none of the decode work; the GPU thread
-works up to two batches ahead (stage_ahead).
+so the training thread launches none of the decode work; the GPU threads
+work up to lanes + 1 (at least two) batches ahead (stage_ahead).
 
 Which decoder: with options.hardware (opt-in until measured on a GPU), a batch of baseline
 3-component JPEGs goes to our own call of nvJPEG's hardware backend (hw_decode.py: queued on our
@@ -22,6 +22,7 @@ gpu_resize.py would not box-filter either; otherwise that packed path runs.
 """
 from __future__ import annotations
 
+import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
@@ -63,25 +64,44 @@ class NvjpegBackend(BaseBackend):
             raise LoaderError("backend nvjpeg needs a CUDA GPU; use backend pil here")
         source_attrs(self, source, "nvjpeg")
         self.cfg, self.device = cfg, device
-        self._stream = torch.cuda.Stream(device)
-        self._gpu = ThreadPoolExecutor(1, thread_name_prefix="fastdata-gpu-decode")
-        self._held: deque = deque()   # (event, decoded images) until the kernel reading them has run
+        lanes = cfg.options.lanes
+        self.stage_ahead = max(2, lanes + 1)    # two ahead with one lane (the wave-1 DecodeLoader); one more per lane
+        self._gpu = ThreadPoolExecutor(lanes, thread_name_prefix="fastdata-gpu-decode")
+        self._lane, self._lanes, self._lock = threading.local(), [], threading.Lock()
         self._triton = resolve_kernel(cfg.augment, device) == "triton"
-        self._hw, self.hardware = (open_hardware_decoder(device) if cfg.options.hardware
-                                   else (None, "off (options.hardware=False)"))
+        self.hardware = "nvJPEG hardware backend" if cfg.options.hardware else "off (options.hardware=False)"
         self.decoded = {"hardware": 0, "torchvision": 0}
+        self._spare = [self._new_lane()]    # the first lane now: a GPU without engines says so at once
+        self._engines = self._spare[0]["hw"] is not None
+
+    def _new_lane(self) -> dict:
+        """A GPU thread's stream, hardware decoder (or None) and held batches."""
+        hw, why = open_hardware_decoder(self.device) if self.cfg.options.hardware else (None, self.hardware)
+        lane = {"stream": torch.cuda.Stream(self.device), "hw": hw, "held": deque()}
+        self._lanes.append(lane)
+        self.hardware = why
+        return lane
+
+    def _lane_state(self) -> dict:
+        """This GPU thread's lane, taken on its first batch."""
+        lane = getattr(self._lane, "state", None)
+        if lane is None:
+            with self._lock:
+                lane = self._spare.pop() if self._spare else self._new_lane()
+            self._lane.state = lane
+        return lane
 
     def read(self, key, idx: np.ndarray, _slot):
         rng = batch_rng(self.cfg.seed, key, self.cfg.batch_size)
         encoded, labels, flips = read_encoded(self.encoded, idx, self.cfg.augment, rng)
         upright = self.encoded.kind == "cache-jpeg"       # a cache is built upright
-        scans = None if upright and self._hw is None else [jpeg_scan(e) for e in encoded]   # headers read once
+        scans = None if upright and not self._engines else [jpeg_scan(e) for e in encoded]
         turns = None if upright else exif_turns(scans)
         return encoded, labels, flips, rng, idx, self._baseline_sizes(scans), turns
 
     def _baseline_sizes(self, scans) -> tuple[np.ndarray, np.ndarray] | None:
         """Reader thread: (heights, widths) when the engines can take every image of the batch."""
-        if self._hw is None:
+        if not self._engines:
             return None
         sizes = [baseline_size(scan=s) for s in scans]
         if not sizes or any(s is None for s in sizes):
@@ -89,17 +109,21 @@ class NvjpegBackend(BaseBackend):
         hw = np.array(sizes, dtype=np.int64)
         return hw[:, 0], hw[:, 1]
 
-    def _decode(self, encoded, idx, sizes) -> list[torch.Tensor]:
-        if sizes is not None and self._hw is not None:
+    def _count(self, which: str, n: int) -> None:
+        with self._lock:
+            self.decoded[which] += n
+
+    def _decode(self, encoded, idx, sizes, lane) -> list[torch.Tensor]:
+        if sizes is not None and lane["hw"] is not None:
             try:
-                decoded = self._hw.decode(encoded, *sizes, self._stream)
-                self.decoded["hardware"] += len(decoded)
+                decoded = lane["hw"].decode(encoded, *sizes, lane["stream"])
+                self._count("hardware", len(decoded))
                 return decoded
             except HardwareDecodeError:
                 pass            # the engines refused this batch: torchvision decodes it (and names a bad file)
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        self.decoded["torchvision"] += len(encoded)
+        self._count("torchvision", len(encoded))
         try:
             return decode_jpeg([torch.from_numpy(e) for e in encoded], mode=ImageReadMode.RGB, device=self.device)
         except torch.OutOfMemoryError as e:   # not a bad file: "quarantine bad files" would mislead
@@ -129,25 +153,26 @@ class NvjpegBackend(BaseBackend):
     def _prepare(self, out):
         """GPU thread, own stream: the finished batch and the event that marks it ready."""
         encoded, labels, flips, rng, idx, sizes, turns = out
-        with torch.cuda.stream(self._stream):
-            raw = decoded = self._decode(encoded, idx, sizes)
+        lane = self._lane_state()
+        with torch.cuda.stream(lane["stream"]):
+            raw = decoded = self._decode(encoded, idx, sizes, lane)
             if turns is not None:   # phone photos: turned as PIL and DALI turn them, then contiguous
                 decoded = [upright(x, int(t)).contiguous() if t != 1 else x for x, t in zip(raw, turns)]
             images = self._augment(decoded, rng, flips)
             labels = labels.to(self.device)
             ready = torch.cuda.Event()
-            ready.record(self._stream)
-        self._hold(ready, (raw, decoded, encoded))   # raw too: the turning copies read it on our stream
+            ready.record(lane["stream"])
+        self._hold(lane["held"], ready, (raw, decoded, encoded))   # raw too: the turning copies read it on our stream
         return images, labels, ready
 
-    def _hold(self, ready, kept) -> None:
+    def _hold(self, held: deque, ready, kept) -> None:
         """Keep a batch's decoded images until the kernel that reads them has run: nvJPEG writes the
         next batches on its own stream, which does not wait for ours, into memory freed to the
         allocator (a host wait here, on the GPU thread, never on the training thread). The encoded
         bytes are kept as long: the hardware backend may read them after its call returns."""
-        self._held.append((ready, kept))
-        while len(self._held) > self.stage_ahead + 1:
-            self._held.popleft()[0].synchronize()
+        held.append((ready, kept))
+        while len(held) > self.stage_ahead + 1:
+            held.popleft()[0].synchronize()
 
     def stage(self, _slot, out, _n):
         return self._gpu.submit(self._prepare, out)
@@ -162,5 +187,7 @@ class NvjpegBackend(BaseBackend):
 
     def close(self) -> None:
         self._gpu.shutdown(wait=True)
-        if self._hw is not None:
-            self._hw.close()
+        for lane in self._lanes:
+            if lane["hw"] is not None:
+                lane["hw"].close()
+        self._lanes = []
