@@ -119,6 +119,26 @@ class Tweaked:
                                    for k, v in self.times.items() if v), flush=True)
 
 
+class Patched(Tweaked):
+    """A loader made while the lanes' stream priority and/or our binding's nvJPEG backend (nvjpeg.h:
+    3 hardware, 2 GPU Huffman) are patched; both restored once it is made (they are read at creation)."""
+
+    def __init__(self, jpeg, priority: int | None = None, nvjpeg_backend: int | None = None, **kw) -> None:
+        from fastdata.read import hw_decode
+        from fastdata.read.backends import nvjpeg
+
+        old = nvjpeg.LANE_PRIORITY, hw_decode._BACKEND_HARDWARE
+        nvjpeg.LANE_PRIORITY = old[0] if priority is None else priority
+        hw_decode._BACKEND_HARDWARE = old[1] if nvjpeg_backend is None else nvjpeg_backend
+        try:
+            loader = jpeg(**kw)
+            for _ in range(kw.get("lanes", 1) - 1):   # every lane's handle now, while patched
+                loader.backend._spare.append(loader.backend._new_lane())
+        finally:
+            nvjpeg.LANE_PRIORITY, hw_decode._BACKEND_HARDWARE = old
+        super().__init__(loader)
+
+
 def child(jpeg_cache: str, bs: int, rate: float) -> None:
     decode_forever(encoded_batch(Path(jpeg_cache), bs), rate)
 
@@ -140,6 +160,14 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("jpeg nvjpeg loader, torchvision, 2 lanes", lambda: Tweaked(jpeg(hardware=False, lanes=2)), None),
         ("jpeg nvjpeg loader, engines, 4 lanes, batches discarded (synthetic x)",
          lambda: jpeg(hardware=True, lanes=4), lambda b: syn.x),
+        ("jpeg nvjpeg loader, engines, high priority", lambda: Patched(jpeg, priority=-1, hardware=True), None),
+        ("jpeg nvjpeg loader, engines, 2 lanes, high priority",
+         lambda: Patched(jpeg, priority=-1, hardware=True, lanes=2), None),
+        ("jpeg nvjpeg loader, GPU Huffman (ours), 2 lanes, high priority",
+         lambda: Patched(jpeg, priority=-1, nvjpeg_backend=2, hardware=True, lanes=2), None),
+        ("jpeg nvjpeg loader, GPU Huffman (ours), 1 lane", lambda: Patched(jpeg, nvjpeg_backend=2, hardware=True), None),
+        ("jpeg nvjpeg loader, torchvision, high priority", lambda: Patched(jpeg, priority=-1, hardware=False), None),
+        ("jpeg nvjpeg loader, engines, 4 reader threads", lambda: Tweaked(jpeg(hardware=True, threads=4)), None),
         (f"synthetic + nvJPEG decode in a thread, {rate:.0f} batches/s", lambda: DecodeThread(syn, jpeg_cache, bs, rate),
          None),
     ]

@@ -42,6 +42,11 @@ from .decode import batch_rng, read_encoded, source_attrs
 from .gpu_resize import crop_resize, pack, pack_spans
 
 
+# CUDA priority of the lanes' streams (lower is higher; 0 is the training stream's). Measured in
+# benchmarks/host_probe.py --jpeg ("priority" rows)
+LANE_PRIORITY = 0
+
+
 def exif_turns(scans) -> np.ndarray | None:
     """Reader thread: each JPEG's EXIF orientation (1..8) from its jpeg_scan, or None when every image
     is upright. nvJPEG ignores it, so photos from a camera held sideways came out sideways where pil and
@@ -77,7 +82,7 @@ class NvjpegBackend(BaseBackend):
     def _new_lane(self) -> dict:
         """A GPU thread's stream, hardware decoder (or None) and held batches."""
         hw, why = open_hardware_decoder(self.device) if self.cfg.options.hardware else (None, self.hardware)
-        lane = {"stream": torch.cuda.Stream(self.device), "hw": hw, "held": deque()}
+        lane = {"stream": torch.cuda.Stream(self.device, priority=LANE_PRIORITY), "hw": hw, "held": deque()}
         self._lanes.append(lane)
         self.hardware = why
         return lane
