@@ -167,10 +167,17 @@ def apply_plan(src: torch.Tensor, plan: torch.Tensor, cfg: AugmentConfig, planar
 
 def plan_tensor(plan: np.ndarray, device: torch.device) -> torch.Tensor:
     """A host plan on device: through pinned memory and a non-blocking copy on CUDA (no host sync)."""
-    t = torch.from_numpy(plan)
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
+    return to_device(torch.from_numpy(plan), device)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on device without a host wait: a copy from pageable memory first waits for
+    everything queued on the current stream (CUDA's rule for pageable uploads), which on a decode
+    thread meant waiting for its own batch's decode. Pinned (the caching host allocator keeps the
+    buffer until the copy has run), then non-blocking."""
+    if device.type != "cuda" or t.device.type == "cuda":
+        return t.to(device)
+    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
 
 
 def augment_batch(images: torch.Tensor, cfg: AugmentConfig, seed: int | torch.Generator | None = None

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..augment import to_device
+
 
 def pack(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """CHW uint8 tensors -> zero-padded (N, C, Hmax, Wmax) batch and (N, 2) sizes (h, w) on the host."""
@@ -58,11 +60,11 @@ def crop_resize(packed: torch.Tensor, sizes: torch.Tensor, boxes: torch.Tensor, 
     theta = torch.zeros(n, 2, 3, dtype=torch.float64)
     theta[:, 0, 0], theta[:, 0, 2] = sx, (2 * left + cw) / wp - 1
     theta[:, 1, 1], theta[:, 1, 2] = ch / hp, (2 * top + ch) / hp - 1
-    grid = F.affine_grid(theta.to(x.device, torch.float32), [n, 1, size, size], align_corners=False)
+    grid = F.affine_grid(to_device(theta.float(), x.device), [n, 1, size, size], align_corners=False)
     # clamp to each image's own pixel centres (0 .. extent-1) in normalised coordinates
     extent = (sizes.to(torch.float64) / factor).floor().clamp(min=1)   # whole pooled pixels only
     lo = torch.stack([1 / torch.full((n,), float(wp)), 1 / torch.full((n,), float(hp))], 1) - 1
     hi = torch.stack([(2 * extent[:, 1] - 1) / wp, (2 * extent[:, 0] - 1) / hp], 1) - 1
-    lo, hi = (v.to(x.device, torch.float32).view(n, 1, 1, 2) for v in (lo, hi))
+    lo, hi = (to_device(v.float(), x.device).view(n, 1, 1, 2) for v in (lo, hi))
     grid = torch.maximum(torch.minimum(grid, hi), lo)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)

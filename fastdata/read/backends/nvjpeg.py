@@ -32,7 +32,7 @@ import torch
 from ...errors import DependencyError, LoaderError
 from ...cache.gpu_build import upright
 from ...cache.jpeg_header import baseline_size, jpeg_scan
-from ..augment import apply_plan, normalize, plan_tensor, resolve_kernel
+from ..augment import apply_plan, normalize, plan_tensor, resolve_kernel, to_device
 from ..crop import plan_rows
 from ..crop_box import crop_boxes
 from ..encoded import EncodedSource
@@ -164,7 +164,7 @@ class NvjpegBackend(BaseBackend):
             if turns is not None:   # phone photos: turned as PIL and DALI turn them, then contiguous
                 decoded = [upright(x, int(t)).contiguous() if t != 1 else x for x, t in zip(raw, turns)]
             images = self._augment(decoded, rng, flips)
-            labels = labels.to(self.device)
+            labels = to_device(labels, self.device)     # pinned: no wait for this batch's decode
             ready = torch.cuda.Event()
             ready.record(lane["stream"])
         self._hold(lane["held"], ready, (raw, decoded, encoded))   # raw too: the turning copies read it on our stream

@@ -17,7 +17,7 @@ from PIL import Image
 
 from ...cache.codecs import open_rgb
 from ...errors import LoaderError, SampleError
-from ..augment import AugmentConfig, normalize
+from ..augment import AugmentConfig, normalize, to_device
 from ..crop_box import crop_boxes
 from ..encoded import EncodedSource
 from ..header import image_sizes
@@ -56,11 +56,14 @@ class PilBackend(BaseBackend):
         boxes = crop_boxes(h, w, aug, rng)    # the whole batch in one draw, as nvjpeg
         pixels = np.stack([_pil_decode(e, b, hw, aug, self.encoded.name(i))
                            for e, b, hw, i in zip(encoded, boxes, zip(h, w), idx)])
-        return torch.from_numpy(pixels), labels, flips
+        out = torch.from_numpy(pixels), labels, flips
+        if self.device.type == "cuda":   # pinned here, in the reader thread: the upload then waits for nothing
+            out = tuple(t.pin_memory() for t in out)
+        return out
 
     def stage(self, _slot, out, _n):
-        pixels, labels, flips = out
-        return normalize(pixels.to(self.device), self.cfg.augment, flips.to(self.device)), labels.to(self.device)
+        pixels, labels, flips = (to_device(t, self.device) for t in out)
+        return normalize(pixels, self.cfg.augment, flips), labels
 
     def finish(self, staged, _idx):
         return staged
