@@ -401,6 +401,16 @@ def test_a_folder_with_pngs_is_not_sent_to_nvjpeg(tmp_path):
     assert _decodable_backend(jpegs, cfg, "auto") is cfg
 
 
+@pytest.mark.parametrize("lanes", [0, -1, 1.5, True, "2"])
+def test_nvjpeg_lanes_must_be_a_whole_number_of_threads(lanes, tmp_path):
+    """lanes (GPU threads of backend nvjpeg) is checked with the config, before any GPU is needed."""
+    from fastdata.read.config import LoaderConfig, NvjpegOptions
+
+    with pytest.raises(LoaderError, match=rf"NvjpegOptions\(lanes={re.escape(repr(lanes))}\): give a whole number"):
+        LoaderConfig(batch_size=4, backend="nvjpeg", options=NvjpegOptions(lanes=lanes)).check()
+    assert LoaderConfig(batch_size=4, backend="nvjpeg", options=NvjpegOptions(lanes=3)).check().options.lanes == 3
+
+
 class _Stream(torch.utils.data.IterableDataset):
     def __iter__(self):
         for i in range(20):
