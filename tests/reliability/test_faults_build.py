@@ -23,9 +23,6 @@ from helpers import build
 ROOT = Path(__file__).resolve().parents[2]
 
 
-LONG_COPIES = 40       # copies of the 120 photos in the interrupted builds
-
-
 def _long_list(image_folder: Path, tmp_path: Path, copies: int = 8) -> Path:
     """A file list naming every photo `copies` times: a build long enough to interrupt."""
     photos = sorted(image_folder.rglob("*.jpg"))
@@ -35,9 +32,8 @@ def _long_list(image_folder: Path, tmp_path: Path, copies: int = 8) -> Path:
 
 
 def _start_long_build(image_folder: Path, tmp_path: Path):
-    """(process, command, DEST) of a 2-worker CLI build of 4,800 inputs, once its first shard is journaled.
-    960 inputs finished in 1.5 s on the 2-core CI box once, before the test's signal reached it."""
-    lst, dest = _long_list(image_folder, tmp_path, copies=LONG_COPIES), tmp_path / "c"
+    """(process, command, DEST) of a 2-worker CLI build of 960 inputs, once its first shard is journaled."""
+    lst, dest = _long_list(image_folder, tmp_path), tmp_path / "c"
     cmd = [sys.executable, "-m", "fastdata.cli", "build-cache", str(lst), str(dest), "--workers", "2",
            "--size", "256", "--shard-size", "2MB", "--no-progress"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT)
@@ -56,7 +52,7 @@ def test_ctrl_c_stops_the_pool_without_worker_tracebacks_and_resumes(image_folde
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert err.strip().splitlines() == ["fastdata build-cache: interrupted; rerun the same command to resume"]
     assert subprocess.run(cmd, cwd=ROOT, capture_output=True).returncode == 0
-    assert verify_cache(dest).ok and load_manifest(dest).num_samples == LONG_COPIES * 120
+    assert verify_cache(dest).ok and load_manifest(dest).num_samples == 8 * 120
 
 
 def _racer(barrier, src, dest, queue) -> None:
@@ -157,4 +153,4 @@ def test_sigterm_to_the_build_stops_its_workers_and_resumes(image_folder, tmp_pa
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().split(") ")[1].startswith("Z"), pid
     assert subprocess.run(cmd, cwd=ROOT, capture_output=True).returncode == 0
-    assert verify_cache(dest).ok and load_manifest(dest).num_samples == LONG_COPIES * 120
+    assert verify_cache(dest).ok and load_manifest(dest).num_samples == 8 * 120
