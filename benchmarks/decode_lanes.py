@@ -15,7 +15,6 @@ import argparse
 import logging
 from pathlib import Path
 
-import torch
 
 from _common import drain, write
 
