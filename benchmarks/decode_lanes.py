@@ -15,7 +15,6 @@ import argparse
 import logging
 from pathlib import Path
 
-
 from _common import drain, write
 
 # nvjpegBackend_t values (nvjpeg.h): which backend our binding (fastdata/read/hw_decode.py) creates
