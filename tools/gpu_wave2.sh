@@ -66,6 +66,11 @@ stage_s3() {        # needs s3fs + moto: carry .s3whl (pip download s3fs "moto[s
         --seconds ${S3_SECONDS:-5} 2>&1 | grep -v "Warning\|warn(" | tail -14
     cp benchmarks/results/s3-loader-* "$RES"/ 2>/dev/null
 }
+stage_trace() {     # torch.profiler trace of the plain loop fed from the JPEG cache (jpeg_trace.py)
+    timeout ${TRACE_TIMEOUT:-400} $PY benchmarks/jpeg_trace.py --model ${PROBE_MODEL:-resnet18} --work /tmp/zoo \
+        --out "$RES" ${TRACE_ARGS:-} 2>&1 | grep -v "Warning\|warn(" | grep -v "^ *[]{}\"]" | tail -40
+    gzip -c /tmp/zoo/trace1.json > "$RES/trace-resnet18-jpeg-engines.json.gz"
+}
 stage_lanes() {     # the nvjpeg loader alone by decoder, lanes and nvJPEG backend (stage probe --jpeg made the cache)
     timeout ${LANES_TIMEOUT:-240} $PY benchmarks/decode_lanes.py --jpeg /tmp/zoo/jpeg256 --out "$RES" \
         ${LANES_ARGS:-} 2>&1 | grep -v "Warning\|warn(" | tail -20
