@@ -80,3 +80,55 @@ def test_hardware_is_an_option_of_the_nvjpeg_backend_only():
     assert split_options("nvjpeg", {}).hardware is False        # opt-in until measured on a GPU
     with pytest.raises(LoaderError, match="only backend nvjpeg takes it"):
         split_options("pil", {"hardware": False})
+
+
+def _messy_jpegs() -> list[bytes]:
+    """Baseline JPEGs of several shapes and writers' options, and everything the engines must not take."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    ok = [_encode("RGB", (w, h), format="JPEG", quality=q, subsampling=sub, optimize=opt)
+          for (w, h), q, sub, opt in [((40, 30), 75, 2, False), ((257, 31), 95, 0, True), ((8, 700), 20, 1, False)]]
+    ok.append(_encode("RGB", (33, 17), format="JPEG", exif=exif.tobytes()))
+    ok.append(_encode("RGB", (64, 48), format="JPEG", comment=b"x" * 60000))       # a long COM segment
+    fill = bytearray(ok[0])
+    fill[2:2] = b"\xff"                  # a fill byte before the first marker: jpeg_scan's slow path
+    junk = np.random.default_rng(0).integers(0, 256, 300, dtype=np.uint8).tobytes()
+    return ok + [bytes(fill), _encode("RGB", format="JPEG", progressive=True), _encode("L", format="JPEG"),
+                 _encode("CMYK", format="JPEG"), _encode("RGB", format="PNG"), ok[1][:60], b"\xff\xd8\xff", b"",
+                 junk, b"\xff\xd8" + junk]
+
+
+@pytest.mark.parametrize("max_segments", [24, 2])
+def test_the_batch_header_walk_finds_what_baseline_size_finds(max_segments):
+    """baseline_sizes (numpy, a batch at once) against baseline_size per image, on every kind of input;
+    max_segments=2 sends most images to the per-image fallback."""
+    from fastdata.cache.jpeg_header import baseline_sizes
+
+    jpegs = _messy_jpegs()
+    data = np.frombuffer(b"".join(jpegs), np.uint8)
+    ends = np.cumsum([len(j) for j in jpegs])
+    got = baseline_sizes(data, ends - [len(j) for j in jpegs], ends, max_segments=max_segments)
+    want = [baseline_size(np.frombuffer(j, np.uint8)) or (-1, -1) for j in jpegs]
+    assert [tuple(r) for r in got.tolist()] == want
+    assert sum(w != (-1, -1) for w in want) == 6       # the six baseline colour ones (fill byte included)
+
+
+def test_a_cache_batch_as_spans_is_the_batch_as_arrays(jpeg_cache):
+    """get_spans: the same bytes and labels as get_batch, pointers at those bytes, and the sizes the
+    engines get; one odd image sends the whole batch to torchvision (no sizes)."""
+    from fastdata.read.encoded import EncodedSource
+    from fastdata.read.spans import EncodedBatch
+
+    src = EncodedSource(jpeg_cache)
+    idx = np.array([0, 5, len(src) - 1, 7, 3])
+    arrays, labels = src.get_batch(idx)
+    batch = src.get_spans(idx)
+    assert len(batch.buffers) > 1 and np.array_equal(batch.labels, labels)
+    assert all(np.array_equal(a, b) for a, b in zip(batch.arrays(), arrays))
+    ptrs, lengths = batch.pointers()
+    assert lengths.tolist() == [a.nbytes for a in arrays]
+    assert ptrs.tolist() == [a.__array_interface__["data"][0] for a in arrays]
+    h, w = batch.baseline_sizes()
+    assert list(zip(h.tolist(), w.tolist())) == [baseline_size(a) for a in arrays]
+    odd = EncodedBatch.of_arrays(arrays[:2] + [np.frombuffer(_encode("L", format="JPEG"), np.uint8)], [0, 0, 0])
+    assert odd.baseline_sizes() is None and len(odd) == 3

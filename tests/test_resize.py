@@ -67,6 +67,7 @@ def test_nvjpeg_augment_packs_a_batch_of_large_photos_in_parts(monkeypatch):
     import fastdata.read.backends.gpu_resize as gr
     from fastdata.read.backends.nvjpeg import NvjpegBackend
     from fastdata.read.config import AugmentConfig
+    from fastdata.read.hw_decode import Planes
 
     rng = np.random.default_rng(0)
     decoded = [torch.from_numpy(rng.integers(0, 255, (3, h, w), dtype=np.uint8)) for h, w in
@@ -74,9 +75,9 @@ def test_nvjpeg_augment_packs_a_batch_of_large_photos_in_parts(monkeypatch):
     aug = AugmentConfig(size=32, dtype="float32", channels_last=False)
     fake = SimpleNamespace(cfg=SimpleNamespace(augment=aug), _triton=False, device=torch.device("cpu"))
     flips = torch.tensor([True, False, True, False, False])
-    whole = NvjpegBackend._augment(fake, decoded, np.random.default_rng(1), flips)
+    whole = NvjpegBackend._augment(fake, Planes.of_images(decoded), np.random.default_rng(1), flips)
     monkeypatch.setattr(gr, "PACK_PIXELS", 2 * 200 * 150)
-    parts = NvjpegBackend._augment(fake, decoded, np.random.default_rng(1), flips)
+    parts = NvjpegBackend._augment(fake, Planes.of_images(decoded), np.random.default_rng(1), flips)
     assert whole.shape == parts.shape == (5, 3, 32, 32) and torch.isfinite(parts).all()
     for lo, hi in gr.pack_spans([im.shape[1] * im.shape[2] for im in decoded]):
         assert hi - lo < 5
@@ -93,6 +94,7 @@ def test_nvjpeg_out_of_memory_is_not_called_a_bad_file(monkeypatch):
 
     from fastdata.errors import LoaderError
     from fastdata.read.backends.nvjpeg import NvjpegBackend
+    from fastdata.read.spans import EncodedBatch
 
     def oom(*a, **kw):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.20 GiB")
@@ -103,5 +105,6 @@ def test_nvjpeg_out_of_memory_is_not_called_a_bad_file(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchvision.io", io)
     fake = SimpleNamespace(_count=lambda which, n: None, device=torch.device("cpu"))
     with pytest.raises(LoaderError, match="ran out of memory decoding a batch of 2 JPEGs.*lower batch_size") as e:
-        NvjpegBackend._decode(fake, [np.zeros(4, np.uint8)] * 2, np.arange(2), None, {"hw": None})
+        NvjpegBackend._decode(fake, EncodedBatch.of_arrays([np.zeros(4, np.uint8)] * 2, [0, 0]), np.arange(2),
+                              None, {"hw": None})
     assert "quarantine" not in str(e.value)

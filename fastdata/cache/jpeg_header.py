@@ -64,3 +64,48 @@ def _exif_orientation(seg: memoryview) -> int:
         if num(entry, 2) == 0x0112:
             return num(entry + 8, 2)
     return 1
+
+
+def baseline_sizes(data, starts, ends, max_segments: int = 24):
+    """(n, 2) int64 (height, width) of the JPEGs at data[starts[i]:ends[i]], -1 where one is not a
+    baseline 8-bit 3-component JPEG: baseline_size for a whole batch of one buffer at once.
+
+    The readers of a JPEG cache called jpeg_scan per image, ~2 us of Python each holding the GIL that
+    a launch-bound training loop needs (jpeg-trace-resnet18-H100-2026-12-05.md). This walks every
+    image's marker segments in lockstep with numpy: the same walk, by segment lengths, so where it
+    finds a frame header it is the one jpeg_scan finds; an image it cannot follow (fill bytes,
+    markers without a length, more segments than max_segments) goes to jpeg_scan."""
+    import numpy as np
+
+    data = np.asarray(data, dtype=np.uint8)
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    out = np.full((len(starts), 2), -1, dtype=np.int64)
+    pos, left = starts + 2, np.flatnonzero(ends - starts > 3)
+    soi = (data[starts[left]] == 0xFF) & (data[starts[left] + 1] == 0xD8)
+    left = left[soi]
+    walk = np.zeros(256, bool)
+    walk[[m for m in range(0xC0, 0xFF) if m not in _SOF and m != 0xD8 and not 0xD0 <= m <= 0xD7]] = True
+    for _ in range(max_segments):
+        left = left[pos[left] + 9 < ends[left]]        # too short for a frame header: not one
+        if not len(left):
+            break
+        p = pos[left]
+        at = data[p[:, None] + np.arange(10)].astype(np.int64)     # marker, length / frame header bytes
+        sof = (at[:, 0] == 0xFF) & (at[:, 1] == 0xC0)
+        other_sof = (at[:, 0] == 0xFF) & np.isin(at[:, 1], list(_SOF - {0xC0}))
+        good = sof & (at[:, 9] == 3) & (at[:, 4] == 8)
+        out[left[good], 0] = (at[good, 5] << 8) | at[good, 6]
+        out[left[good], 1] = (at[good, 7] << 8) | at[good, 8]
+        step = (at[:, 0] == 0xFF) & walk[at[:, 1]] & ~sof & ~other_sof
+        odd = ~sof & ~other_sof & ~step                 # not followed here: jpeg_scan decides
+        for i in left[odd].tolist():
+            hw = baseline_size(scan=jpeg_scan(data[starts[i]:ends[i]]))
+            if hw is not None:
+                out[i] = hw
+        pos[left[step]] += 2 + ((at[step, 2] << 8) | at[step, 3])
+        left = left[step]
+    for i in left.tolist():                             # still walking after max_segments
+        hw = baseline_size(scan=jpeg_scan(data[starts[i]:ends[i]]))
+        if hw is not None:
+            out[i] = hw
+    return out

@@ -20,6 +20,7 @@ import numpy as np
 from ..cache.sources import Source, discover, read_item
 from .reader import open_cache
 from .select import is_cache
+from .spans import EncodedBatch
 from ..errors import LoaderError
 
 log = logging.getLogger("fastdata.read")
@@ -92,30 +93,35 @@ class EncodedSource:
                               f"loader started") from e
 
     def get_batch(self, idx) -> tuple[list[np.ndarray], np.ndarray]:
-        """(encoded bytes of each sample, int64 labels) of a batch. From a cache: one lookup per shard
-        the batch touches and a numpy slice per sample, where get() costs a Python call chain per
-        sample; reader threads hold the GIL for it, which a launch-bound training thread pays
-        (resnet18 fed from a JPEG cache on the H200)."""
+        """(encoded bytes of each sample, int64 labels) of a batch."""
+        batch = self.get_spans(idx)
+        return batch.arrays(), batch.labels
+
+    def get_spans(self, idx) -> EncodedBatch:
+        """A batch as spans of its shards' buffers (spans.py): from a cache, one lookup per shard the
+        batch touches and numpy arithmetic, where get() costs a Python call chain per sample and an
+        array per sample; reader threads hold the GIL for those, which a launch-bound training thread
+        pays (resnet18 fed from a JPEG cache on the H200 and the H100)."""
         idx = np.asarray(idx, dtype=np.int64)
         if self.cache is None:
             encoded, labels = zip(*(self.get(i) for i in idx)) if len(idx) else ((), ())
-            return list(encoded), np.asarray(labels, dtype=np.int64)
+            return EncodedBatch.of_arrays(list(encoded), labels)
         cache = self.cache
         cache.check_integrity()
         if len(idx) and (idx.min() < 0 or idx.max() >= len(cache)):
             raise IndexError(f"{self.path}: sample index out of range for a cache of {len(cache)} samples")
-        encoded: list = [None] * len(idx)
+        which, starts, ends = (np.empty(len(idx), dtype=np.int64) for _ in range(3))
         labels = np.empty(len(idx), dtype=np.int64)
         shard_of = np.searchsorted(cache.starts, idx, side="right") - 1
+        buffers = []
         for s in np.unique(shard_of).tolist():
             pos = np.flatnonzero(shard_of == s)
             shard = cache.shard(s)
             local = idx[pos] - int(cache.starts[s])
             labels[pos] = shard.labels[local]
-            data, offsets = shard.data.numpy(), shard.offsets
-            for p, a, b in zip(pos.tolist(), offsets[local].tolist(), offsets[local + 1].tolist()):
-                encoded[p] = data[a:b]
-        return encoded, labels
+            which[pos], starts[pos], ends[pos] = len(buffers), shard.offsets[local], shard.offsets[local + 1]
+            buffers.append(shard.data.numpy())
+        return EncodedBatch(tuple(buffers), which, starts, ends, labels)
 
     def name(self, i: int) -> str:
         """Where sample i comes from, for error messages."""

@@ -12,8 +12,9 @@ nvjpegDecodeBatched by default); the sizes come from the reader threads' header 
 states are used in turn, so the only host wait (on the loader's GPU thread) is for the batch before
 the previous one, before its state is reused, as nvJPEG's own examples wait before reusing one.
 
-Output is planar RGB, one (3, H, W) uint8 view per image into one allocation, the layout
-torchvision's decode_jpeg returns, so the crop kernels downstream take either. Only baseline
+Output is planar RGB in one allocation, the layout torchvision's decode_jpeg returns per image,
+so the crop kernels downstream take either: a Planes (the buffer, each image's offset and size),
+not a view per image, which cost the GPU thread a third of its GIL time (stop 35, py-spy). Only baseline
 8-bit 3-component JPEGs are sent here (cache.jpeg_header.baseline_size of one jpeg_scan); the caller decodes any
 other batch the torchvision way. Enum values and struct layout as in nvjpeg.h 12.4. Nothing here
 runs at import: the library is opened on first use.
@@ -21,6 +22,7 @@ runs at import: the library is opened on first use.
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -30,6 +32,33 @@ from .hwjpeg import STATUS, load_nvjpeg
 _BACKEND_HARDWARE = 3       # nvjpegBackend_t NVJPEG_BACKEND_HARDWARE
 _OUTPUT_RGB = 3             # nvjpegOutputFormat_t NVJPEG_OUTPUT_RGB: planar, one plane per channel
 _IMAGE_WORDS = 8            # nvjpegImage_t: unsigned char *channel[4]; size_t pitch[4]
+
+
+class Planes(NamedTuple):
+    """A decoded batch of planar RGB uint8 images on the GPU: image i's 3 planes of heights[i] x
+    widths[i] start offsets[i] bytes after base's first byte (base is the lowest-addressed image)."""
+
+    base: torch.Tensor
+    offsets: np.ndarray      # int64
+    heights: np.ndarray      # int64
+    widths: np.ndarray
+    views: list | None = None   # the decoder's own (3, H, W) tensors, where it made them
+
+    @classmethod
+    def of_images(cls, images: list[torch.Tensor]) -> "Planes":
+        """The Planes of separate (3, H, W) tensors (torchvision's decode_jpeg, turned images)."""
+        ptrs = np.array([im.data_ptr() for im in images], dtype=np.int64)
+        first = int(ptrs.argmin())
+        return cls(images[first], ptrs - ptrs[first], np.array([im.shape[1] for im in images], dtype=np.int64),
+                   np.array([im.shape[2] for im in images], dtype=np.int64), images)
+
+    def images(self) -> list[torch.Tensor]:
+        """A (3, H, W) view per image (made here when the decoder made none)."""
+        if self.views is not None:
+            return self.views
+        flat = self.base.view(-1)
+        return [flat[o:o + 3 * h * w].view(3, h, w) for o, h, w in
+                zip(self.offsets.tolist(), self.heights.tolist(), self.widths.tolist())]
 
 
 class HardwareDecodeError(RuntimeError):
@@ -88,21 +117,22 @@ class HardwareJpegDecoder:
                 self._states.append([state, None])     # [state, event of the batch it decoded last]
         self._turn = 0
 
-    def decode(self, encoded: list[np.ndarray], heights: np.ndarray, widths: np.ndarray,
-               stream: torch.cuda.Stream) -> list[torch.Tensor]:
-        """(3, H, W) uint8 views, decoded on `stream`; valid once `stream` reaches this point. The
-        caller keeps `encoded` alive until then (nvJPEG may read the bytes asynchronously)."""
+    def decode(self, pointers: np.ndarray, lengths: np.ndarray, heights: np.ndarray, widths: np.ndarray,
+               stream: torch.cuda.Stream) -> Planes:
+        """The JPEGs at host addresses `pointers` (uint64, `lengths` bytes each), decoded on `stream`;
+        valid once `stream` reaches this point. The caller keeps the bytes alive until then (nvJPEG
+        may read them asynchronously): spans.EncodedBatch.pointers() gives both arrays."""
         entry = self._states[self._turn]
         self._turn = (self._turn + 1) % len(self._states)
         if entry[1] is not None:
             entry[1].synchronize()          # this state's previous batch is done with its buffers
-        n = len(encoded)
+        n = len(pointers)
         total = int((3 * heights.astype(np.int64) * widths).sum())
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             out = torch.empty(total, dtype=torch.uint8, device=self.device)
             table, offsets = output_table(out.data_ptr(), heights, widths)
-            data = np.array([e.__array_interface__["data"][0] for e in encoded], np.uint64)
-            lengths = np.array([e.nbytes for e in encoded], np.uint64)
+            data = np.ascontiguousarray(pointers, dtype=np.uint64)
+            lengths = np.ascontiguousarray(lengths, dtype=np.uint64)
             _check(self.lib.nvjpegDecodeBatchedInitialize(self._handle, entry[0], n, 1, _OUTPUT_RGB),
                    "nvjpegDecodeBatchedInitialize")
             _check(self.lib.nvjpegDecodeBatched(self._handle, entry[0], data.ctypes.data, lengths.ctypes.data,
@@ -110,8 +140,8 @@ class HardwareJpegDecoder:
                    "nvjpegDecodeBatched")
             entry[1] = torch.cuda.Event()
             entry[1].record(stream)
-        return [out[int(o):int(o) + 3 * int(h) * int(w)].view(3, int(h), int(w))
-                for o, h, w in zip(offsets, heights, widths)]
+        return Planes(out, offsets.astype(np.int64), np.asarray(heights, dtype=np.int64),
+                      np.asarray(widths, dtype=np.int64))
 
     def close(self) -> None:
         """Waits for the states' last batches, then frees them and the handle (idempotent)."""

@@ -36,8 +36,10 @@ def test_engines_decode_what_torchvision_decodes(engines, jpeg_cache):
     encoded, _ = EncodedSource(jpeg_cache).get_batch(np.arange(24))
     hw = np.array([baseline_size(e) for e in encoded])
     stream = torch.cuda.Stream()
+    batch = EncodedSource(jpeg_cache).get_spans(np.arange(24))
+    assert np.array_equal(np.stack(batch.baseline_sizes(), 1), hw)
     for _ in range(3):          # both decode states, and one reused
-        mine = engines.decode(encoded, hw[:, 0], hw[:, 1], stream)
+        mine = engines.decode(*batch.pointers(), hw[:, 0], hw[:, 1], stream).images()
     stream.synchronize()
     ref = decode_jpeg([torch.from_numpy(e.copy()) for e in encoded], mode=ImageReadMode.RGB, device="cuda")
     diffs = [(a.float() - b.float()).abs().mean().item() for a, b in zip(mine, ref)]

@@ -1,6 +1,7 @@
 """Backend nvjpeg: JPEG decode on the GPU without DALI, on the NVJPG engines where it can.
 
-    reader threads:  encoded bytes (files or cache samples), and each baseline JPEG's size
+    reader threads:  encoded bytes (files, or spans of cache shards: spans.py), and each baseline
+                     JPEG's size
     GPU thread(s):   options.lanes of them, each on its own CUDA stream, batches in turn: nvJPEG
                      decodes the batch in one call, then crop, resize, flip and normalise; records an event
     training thread: waits for that event on its stream (no host sync)
@@ -36,9 +37,10 @@ from ..augment import apply_plan, normalize, plan_tensor, resolve_kernel, to_dev
 from ..crop import plan_rows
 from ..crop_box import crop_boxes
 from ..encoded import EncodedSource
-from ..hw_decode import HardwareDecodeError, open_hardware_decoder
+from ..hw_decode import HardwareDecodeError, Planes, open_hardware_decoder
+from ..spans import EncodedBatch
 from . import BaseBackend
-from .decode import batch_rng, read_encoded, source_attrs
+from .decode import batch_rng, draw_flips, source_attrs
 from .gpu_resize import crop_resize, pack, pack_spans
 
 
@@ -98,11 +100,13 @@ class NvjpegBackend(BaseBackend):
 
     def read(self, key, idx: np.ndarray, _slot):
         rng = batch_rng(self.cfg.seed, key, self.cfg.batch_size)
-        encoded, labels, flips = read_encoded(self.encoded, idx, self.cfg.augment, rng)
-        upright = self.encoded.kind == "cache-jpeg"       # a cache is built upright
-        scans = None if upright and not self._engines else [jpeg_scan(e) for e in encoded]
-        turns = None if upright else exif_turns(scans)
-        return encoded, labels, flips, rng, idx, self._baseline_sizes(scans), turns
+        batch = self.encoded.get_spans(idx)
+        labels = torch.from_numpy(batch.labels)
+        flips = torch.from_numpy(draw_flips(len(idx), self.cfg.augment, rng))
+        if self.encoded.kind == "cache-jpeg":       # a cache is built upright: sizes only, by numpy
+            return batch, labels, flips, rng, idx, batch.baseline_sizes() if self._engines else None, None
+        scans = [jpeg_scan(e) for e in batch.arrays()]
+        return batch, labels, flips, rng, idx, self._baseline_sizes(scans), exif_turns(scans)
 
     def _baseline_sizes(self, scans) -> tuple[np.ndarray, np.ndarray] | None:
         """Reader thread: (heights, widths) when the engines can take every image of the batch."""
@@ -118,19 +122,21 @@ class NvjpegBackend(BaseBackend):
         with self._lock:
             self.decoded[which] += n
 
-    def _decode(self, encoded, idx, sizes, lane) -> list[torch.Tensor]:
+    def _decode(self, batch: EncodedBatch, idx, sizes, lane) -> Planes:
         if sizes is not None and lane["hw"] is not None:
             try:
-                decoded = lane["hw"].decode(encoded, *sizes, lane["stream"])
-                self._count("hardware", len(decoded))
+                decoded = lane["hw"].decode(*batch.pointers(), *sizes, lane["stream"])
+                self._count("hardware", len(batch))
                 return decoded
             except HardwareDecodeError:
                 pass            # the engines refused this batch: torchvision decodes it (and names a bad file)
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        self._count("torchvision", len(encoded))
+        self._count("torchvision", len(batch))
+        encoded = batch.arrays()
         try:
-            return decode_jpeg([torch.from_numpy(e) for e in encoded], mode=ImageReadMode.RGB, device=self.device)
+            return Planes.of_images(decode_jpeg([torch.from_numpy(e) for e in encoded], mode=ImageReadMode.RGB,
+                                                device=self.device))
         except torch.OutOfMemoryError as e:   # not a bad file: "quarantine bad files" would mislead
             raise LoaderError(f"the GPU ran out of memory decoding a batch of {len(encoded)} JPEGs "
                               f"({str(e).splitlines()[0][:120]}); lower batch_size, or build a cache at the "
@@ -139,18 +145,15 @@ class NvjpegBackend(BaseBackend):
             raise LoaderError(f"nvJPEG could not decode a sample of batch {idx[:4].tolist()}...: {e}; "
                               f"run `fastdata build-cache` to quarantine bad files first") from e
 
-    def _augment(self, decoded: list[torch.Tensor], rng, flips) -> torch.Tensor:
+    def _augment(self, planes: Planes, rng, flips) -> torch.Tensor:
         """The batch at cfg.size, normalised, channels_last: in place by one kernel when it can."""
         aug = self.cfg.augment
-        h = np.array([im.shape[1] for im in decoded], dtype=np.int64)
-        w = np.array([im.shape[2] for im in decoded], dtype=np.int64)
+        h, w = planes.heights, planes.widths
         boxes = crop_boxes(h, w, aug, rng)
         if self._triton and boxes[:, 2:].min() < 2 * aug.size:
-            ptrs = np.array([im.data_ptr() for im in decoded], dtype=np.int64)
-            first = int(ptrs.argmin())
-            plan = plan_rows(boxes, flips.numpy(), aug.size, (ptrs - ptrs[first]).astype(np.float64), h, w)
-            return apply_plan(decoded[first], plan_tensor(plan, self.device), aug, planar=True)
-        boxes = torch.from_numpy(boxes)
+            plan = plan_rows(boxes, flips.numpy(), aug.size, planes.offsets.astype(np.float64), h, w)
+            return apply_plan(planes.base, plan_tensor(plan, self.device), aug, planar=True)
+        decoded, boxes = planes.images(), torch.from_numpy(boxes)
         parts = [crop_resize(*pack(decoded[lo:hi]), boxes[lo:hi], aug.size, None if flips is None else flips[lo:hi])
                  for lo, hi in pack_spans([im.shape[1] * im.shape[2] for im in decoded])]
         return normalize(parts[0] if len(parts) == 1 else torch.cat(parts), aug, layout="NCHW")
@@ -162,7 +165,8 @@ class NvjpegBackend(BaseBackend):
         with torch.cuda.stream(lane["stream"]):
             raw = decoded = self._decode(encoded, idx, sizes, lane)
             if turns is not None:   # phone photos: turned as PIL and DALI turn them, then contiguous
-                decoded = [upright(x, int(t)).contiguous() if t != 1 else x for x, t in zip(raw, turns)]
+                decoded = Planes.of_images([upright(x, int(t)).contiguous() if t != 1 else x
+                                            for x, t in zip(raw.images(), turns)])
             images = self._augment(decoded, rng, flips)
             labels = to_device(labels, self.device)     # pinned: no wait for this batch's decode
             ready = torch.cuda.Event()

@@ -1,0 +1,59 @@
+"""A batch of encoded samples as byte spans of a few buffers, for decoders that take pointers.
+
+A batch read from a JPEG cache is 256 slices of a handful of shard buffers. Making a numpy array of
+each (EncodedSource.get_batch), then reading each array's address back, and scanning each header
+in Python cost the loader's threads about a third of the GIL while resnet18 trained
+(pyspy-resnet18-jpeg-H100-2026-12-05-summary.txt), and the training loop launches its kernels from
+Python threads. Here a batch is (buffer, start, end) per sample: pointers, lengths and baseline
+sizes come out of numpy in a few calls per buffer, and per-sample arrays are made only for a
+decoder that needs them (torchvision's, PIL's).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cache.jpeg_header import baseline_sizes
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """Sample i is buffers[which[i]][starts[i]:ends[i]]; holding the batch keeps the buffers alive."""
+
+    buffers: tuple[np.ndarray, ...]     # 1-D uint8 (a shard's data, or one sample's bytes)
+    which: np.ndarray                   # int64, a buffer per sample
+    starts: np.ndarray                  # int64 byte offsets in that buffer
+    ends: np.ndarray
+    labels: np.ndarray                  # int64
+
+    @classmethod
+    def of_arrays(cls, arrays: list[np.ndarray], labels) -> "EncodedBatch":
+        """One buffer per sample (files, tar members)."""
+        n = len(arrays)
+        return cls(tuple(arrays), np.arange(n, dtype=np.int64), np.zeros(n, np.int64),
+                   np.array([a.nbytes for a in arrays], dtype=np.int64), np.asarray(labels, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def arrays(self) -> list[np.ndarray]:
+        """A uint8 array per sample (views of the buffers)."""
+        return [self.buffers[k][a:b] for k, a, b in zip(self.which.tolist(), self.starts.tolist(),
+                                                           self.ends.tolist())]
+
+    def pointers(self) -> tuple[np.ndarray, np.ndarray]:
+        """(host address, length) of every sample, as uint64 arrays."""
+        base = np.array([b.__array_interface__["data"][0] for b in self.buffers], dtype=np.uint64)
+        return base[self.which] + self.starts.astype(np.uint64), (self.ends - self.starts).astype(np.uint64)
+
+    def baseline_sizes(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(heights, widths) when every sample is a baseline 8-bit colour JPEG (what the NVJPG engines
+        take), else None."""
+        hw = np.empty((len(self), 2), dtype=np.int64)
+        for k in np.unique(self.which).tolist():
+            mine = np.flatnonzero(self.which == k)
+            hw[mine] = baseline_sizes(self.buffers[k], self.starts[mine], self.ends[mine])
+        if not len(self) or (hw < 0).any():
+            return None
+        return hw[:, 0], hw[:, 1]
