@@ -63,6 +63,20 @@ def test_streaming_reads_every_sample_once_within_the_budget(big_cache):
     assert io1 - io0 <= 1.3 * total                                # no sample read from storage twice over
 
 
+def test_streaming_opens_announced_shards_before_a_reader_needs_them(big_cache):
+    dl = fastdata.loader(big_cache, 16, device="cpu", memory="6MB", integrity="off")
+    streamer = dl.backend._streamer
+    _drop(sorted(big_cache.glob("shard-*")))
+    it = iter(dl)
+    next(it)
+    announced = set(streamer._announced)
+    streamer._opener.submit(lambda: None).result()               # one thread, first in first out: drained
+    assert len(announced) > 2 and announced <= set(dl.backend.cache._shards)
+    assert sum(len(b[1]) for b in it) == 960 - 16
+    dl.close()
+    assert streamer._opener is None
+
+
 def test_streaming_order_is_deterministic_and_resumes_exactly(big_cache):
     make = lambda: fastdata.loader(big_cache, 16, device="cpu", memory="6MB", seed=3)  # noqa: E731
     a, b = make(), make()

@@ -12,7 +12,9 @@ memory budget: MemAvailable, or the cgroup's room, page cache included):
   order stays shard-aware and deterministic per (seed, epoch, window), and is saved with the state);
 * as each batch is submitted for reading, every shard the next batches will touch, up to the read-ahead
   budget, is announced with ``posix_fadvise(WILLNEED)``: the kernel reads it sequentially, at the
-  disk's rate, before the first sample of it is gathered;
+  disk's rate, before the first sample of it is gathered; a side thread opens it at the same time
+  (its header and small arrays), so no reader waits on those reads: +30% img/s in a cold epoch on the
+  2-core box (``benchmarks/out_of_ram.py``);
 * once the last batch that touches a shard has been copied out, the shard's pages are unmapped from
   the gather range (``madvise(DONTNEED)``) and dropped from the page cache (``posix_fadvise(DONTNEED)``),
   so memory stays bounded and other shards' pages are not evicted in their place.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -45,6 +48,7 @@ class Streamer:
         self._last: dict[int, int] = {}
         self._announced: set[int] = set()
         self._order: list[int] = []
+        self._opener, self._opener_pid = None, 0
 
     def plan(self, batch_shards: list[np.ndarray]) -> None:
         """batch_shards[k]: the shards batch k of this pass touches (k counted from the pass start)."""
@@ -68,11 +72,20 @@ class Streamer:
                 ahead += shards[s].bytes if self._first[s] > k else 0
                 if s not in self._announced:
                     self._advise(s, os.POSIX_FADV_WILLNEED)
+                    self._open_ahead(s)
                     self._announced.add(s)
         done = [s for s in self._announced if self._last[s] < k - self.lag]
         for s in done:
             self._drop(s)
             self._announced.discard(s)
+
+    def _open_ahead(self, s: int) -> None:
+        """Open the announced shard on a side thread. Opening reads the file's first page and its tail (the
+        small arrays), a few synchronous reads that took 6.7 ms a shard cold on the 2-core box, each
+        stalling the reader that needed the shard; failures are left for that reader to raise."""
+        if self._opener is None or self._opener_pid != os.getpid():   # (a forked child has no such thread)
+            self._opener, self._opener_pid = ThreadPoolExecutor(1, thread_name_prefix="fastdata-open"), os.getpid()
+        self._opener.submit(self.cache.shard, s)
 
     def _fd(self, s: int) -> int:
         if s not in self._fds:
@@ -93,6 +106,9 @@ class Streamer:
         self._advise(s, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:
+        if self._opener is not None:
+            self._opener.shutdown(wait=True, cancel_futures=True)
+            self._opener = None
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
