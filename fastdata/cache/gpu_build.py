@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import math
 import zlib
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -29,6 +30,8 @@ from .codecs import CodecConfig, _target, process_bytes
 from .jpeg_header import jpeg_frame
 from .format import shard_name
 from .writers import WRITERS
+
+log = logging.getLogger("fastdata.build")
 
 BATCH = 128             # images per nvJPEG call
 DECODE_PIXELS = 1 << 27  # decoded pixels per nvJPEG call (~400 MB of RGB; a shard thread holds one call's)
@@ -235,18 +238,36 @@ def build_shard_gpu(task, decode=None) -> tuple[int, object, list[dict], str | N
     return jobs._finish(index, writer, quarantined, dest, dest_url, options)
 
 
+def _torchvision(datas: list) -> list[torch.Tensor]:
+    return nvjpeg_decode(datas)          # (looked up per call: the CPU tests stand a decoder in)
+
+
+def engine_decode():
+    """The shard threads' decoder: gpu_engines.EngineDecode on this GPU (None without one)."""
+    from .gpu_engines import EngineDecode
+
+    return EngineDecode(torch.device("cuda"), _torchvision) if torch.cuda.is_available() else None
+
+
 @contextlib.contextmanager
 def gpu_shard_map(counter):
     """executors.shard_map for --decoder nvjpeg: SHARD_THREADS shard jobs at once in this process (one
-    CUDA context; torchvision serialises the decode calls themselves), results in completion order."""
+    CUDA context), each decoding on the NVJPG engines with its own decoder where they take the images
+    (gpu_engines.py), through torchvision's decode calls (which one mutex serialises) otherwise.
+    Results in completion order."""
     jobs._init_worker(counter)
     pool = ThreadPoolExecutor(SHARD_THREADS, thread_name_prefix="fastdata-build-gpu")
+    engines = engine_decode()
 
     def run(tasks):
-        futures = [pool.submit(build_shard_gpu, t) for t in tasks]
+        futures = [pool.submit(build_shard_gpu, t, engines) for t in tasks]
         for fut in as_completed(futures):
             yield fut.result()
     try:
         yield run
     finally:
         pool.shutdown(wait=True, cancel_futures=True)   # a failed build waits only for running shards
+        if engines is not None:
+            engines.close()
+            log.info("decoded on the NVJPG engines: %d; by torchvision: %d%s", engines.decoded["hardware"],
+                     engines.decoded["fallback"], f" ({engines.why})" if not engines.decoded["hardware"] else "")

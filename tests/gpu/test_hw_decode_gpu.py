@@ -97,3 +97,25 @@ def test_lanes_give_the_batches_of_one_lane_in_order(hardware, jpeg_cache):
         list(range(len(EncodedSource(jpeg_cache))))
     for (a, la, ia), (b, lb, ib) in zip(one, three):
         assert np.array_equal(ia, ib) and torch.equal(la, lb) and torch.equal(a, b)
+
+
+def test_the_gpu_build_decodes_source_photos_on_the_engines(engines, image_folder):
+    """build-cache --decoder nvjpeg's decode (gpu_engines.py) on real photos: every baseline file on the
+    engines, the same pixels as torchvision's decode, one decoder per shard thread, freed at the end."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from fastdata.cache import gpu_build
+    from fastdata.cache.gpu_engines import EngineDecode
+
+    datas = [p.read_bytes() for p in sorted(image_folder.rglob("*.jpg"))][:64]
+    decode = EngineDecode(torch.device("cuda"), gpu_build._torchvision)
+    mine = decode(datas)
+    torch.cuda.synchronize()
+    ref = decode_jpeg([torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas], mode=ImageReadMode.RGB,
+                      device="cuda")
+    diffs = [(a.float() - b.float()).abs().mean().item() for a, b in zip(mine, ref)]
+    print(f"build decode on the engines: {decode.decoded}; against torchvision: mean abs diff "
+          f"{np.mean(diffs):.3f} levels, worst image {max(diffs):.3f}")
+    assert decode.decoded["hardware"] > len(datas) // 2, decode.decoded
+    assert all(a.shape == b.shape for a, b in zip(mine, ref)) and max(diffs) < 2.0
+    decode.close()
