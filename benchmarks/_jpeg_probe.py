@@ -124,7 +124,7 @@ class Patched(Tweaked):
     3 hardware, 2 GPU Huffman) are patched; both restored once it is made (they are read at creation)."""
 
     def __init__(self, jpeg, priority: int | None = None, nvjpeg_backend: int | None = None, **kw) -> None:
-        from fastdata.read import hw_decode
+        from fastdata.cache import hw_decode
         from fastdata.read.backends import nvjpeg
 
         old = nvjpeg.LANE_PRIORITY, hw_decode._BACKEND_HARDWARE

@@ -46,7 +46,7 @@ def settings(backends: list[str], gpu: bool) -> list[tuple[str, dict]]:
 def main() -> None:
     from fastdata._util import usable_cpus
     from fastdata.read.verbs import decode_loader
-    from fastdata.read.hwjpeg import hardware_jpeg_decoder
+    from fastdata.cache.hwjpeg import hardware_jpeg_decoder
     from fastdata.monitor.nvml import GpuSampler
 
     ap = argparse.ArgumentParser()
@@ -80,7 +80,7 @@ def main() -> None:
     hw = hardware_jpeg_decoder() if gpu else {"available": False, "reason": "no GPU"}
     log.info("hardware JPEG decoder: %s", hw)
     hw_text = f"available, {hw.get('engines')} engines" if hw["available"] else f"not usable: {hw['reason']}"
-    notes = (f"Hardware JPEG decoder (nvjpegCreateEx with the hardware backend, fastdata/read/hwjpeg.py): "
+    notes = (f"Hardware JPEG decoder (nvjpegCreateEx with the hardware backend, fastdata/cache/hwjpeg.py): "
              f"{hw_text}; NVIDIA_DRIVER_CAPABILITIES={hw.get('driver_capabilities')}. "
              f"Batch {a.batch_size}, RandomResizedCrop 224 + flip + normalise to bf16 on the decoding device, "
              f"{a.seconds:.0f} s per row after 3 warm-up batches, {usable_cpus()} CPU threads. "

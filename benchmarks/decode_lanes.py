@@ -17,7 +17,7 @@ from pathlib import Path
 
 from _common import drain, write
 
-# nvjpegBackend_t values (nvjpeg.h): which backend our binding (fastdata/read/hw_decode.py) creates
+# nvjpegBackend_t values (nvjpeg.h): which backend our binding (fastdata/cache/hw_decode.py) creates
 BACKENDS = {"hardware": 3, "default": 0, "hybrid": 1, "gpu_hybrid": 2}
 
 
@@ -35,7 +35,7 @@ def rows_wanted() -> list[tuple[str, dict, str]]:
 
 def measure(jpeg: Path, bs: int, seconds: float, options: dict, backend: str) -> dict:
     import fastdata
-    from fastdata.read import hw_decode
+    from fastdata.cache import hw_decode
     from fastdata.read.augment import AugmentConfig
 
     old, hw_decode._BACKEND_HARDWARE = hw_decode._BACKEND_HARDWARE, BACKENDS[backend]

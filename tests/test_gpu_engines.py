@@ -14,7 +14,7 @@ from PIL import Image
 
 from fastdata.cache import gpu_build
 from fastdata.cache.gpu_engines import EngineDecode
-from fastdata.read.hw_decode import HardwareDecodeError, Planes
+from fastdata.cache.hw_decode import HardwareDecodeError, Planes
 
 from test_gpu_build import _gpu_build, _jpeg, _pixels, messy_folder, pil_as_nvjpeg  # noqa: F401 (a fixture)
 

@@ -9,9 +9,9 @@ from PIL import Image
 
 from fastdata.cache.jpeg_header import baseline_size, jpeg_frame
 from fastdata.errors import LoaderError
-from fastdata.read import hwjpeg
+from fastdata.cache import hwjpeg
 from fastdata.read.config import split_options
-from fastdata.read.hw_decode import output_table, open_hardware_decoder
+from fastdata.cache.hw_decode import output_table, open_hardware_decoder
 
 
 def _encode(mode: str, size=(40, 30), **kw) -> bytes:
@@ -51,7 +51,7 @@ def test_without_a_library_the_decoder_is_absent_with_the_reason(monkeypatch):
 def test_a_library_without_a_call_leaves_the_decoder_absent_with_the_reason(monkeypatch):
     import torch
 
-    from fastdata.read import hw_decode
+    from fastdata.cache import hw_decode
 
     class Call:                 # takes argtypes/restype like a ctypes function
         pass
@@ -66,7 +66,7 @@ def test_a_library_without_a_call_leaves_the_decoder_absent_with_the_reason(monk
 
 
 def test_the_installed_libnvjpeg_has_every_call_we_declare():
-    from fastdata.read.hw_decode import _declare
+    from fastdata.cache.hw_decode import _declare
 
     lib, why = hwjpeg.load_nvjpeg()
     if lib is None:

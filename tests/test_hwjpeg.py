@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from fastdata.read import hwjpeg
+from fastdata.cache import hwjpeg
 
 
 def test_probe_without_a_library_says_what_to_install(monkeypatch):

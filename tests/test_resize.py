@@ -67,7 +67,7 @@ def test_nvjpeg_augment_packs_a_batch_of_large_photos_in_parts(monkeypatch):
     import fastdata.read.backends.gpu_resize as gr
     from fastdata.read.backends.nvjpeg import NvjpegBackend
     from fastdata.read.config import AugmentConfig
-    from fastdata.read.hw_decode import Planes
+    from fastdata.cache.hw_decode import Planes
 
     rng = np.random.default_rng(0)
     decoded = [torch.from_numpy(rng.integers(0, 255, (3, h, w), dtype=np.uint8)) for h, w in

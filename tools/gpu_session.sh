@@ -19,7 +19,7 @@ mkdir -p "$WORK" "$RES"
 [ -d /tmp/dalisite/nvidia/dali ] && export PYTHONPATH="$PYTHONPATH:/tmp/dalisite"
 
 stage_tests() {   # GPU tests; the DALI ones skip until stage dali has run
-    $PY -m fastdata.read.hwjpeg | tee "$RES/hwjpeg.json"; ls /dev/nvidia* | tr '\n' ' '; echo
+    $PY -m fastdata.cache.hwjpeg | tee "$RES/hwjpeg.json"; ls /dev/nvidia* | tr '\n' ' '; echo
     $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider 2>&1 | tee "$RES/gpu-tests.txt" | tail -25
 }
 stage_loader() {

@@ -25,7 +25,7 @@ stage_oor() {   # no cgroup where the runtime has none: the loader is then given
     cp benchmarks/results/out-of-ram-*H200* benchmarks/results/loader-*H200* "$RES"/ 2>/dev/null
 }
 stage_hwjpeg() {    # whether the NVJPG engines open here (hw_decode.py needs them), as JSON
-    $PY -m fastdata.read.hwjpeg | tee "$RES/hwjpeg-$(date +%F).json"
+    $PY -m fastdata.cache.hwjpeg | tee "$RES/hwjpeg-$(date +%F).json"
 }
 stage_augtests() {
     timeout ${TESTS_TIMEOUT:-300} $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider -k "${TESTS_K:-augment or fast_loader}" 2>&1 | tee "$RES/gpu-tests-augment.txt" | tail -15

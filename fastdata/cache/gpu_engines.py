@@ -1,4 +1,4 @@
-"""The GPU build's batch decode on the NVJPG engines (read/hw_decode.py), torchvision for the rest.
+"""The GPU build's batch decode on the NVJPG engines (hw_decode.py), torchvision for the rest.
 
 Why: ``build-cache --decoder nvjpeg`` decoded through torchvision's decode_jpeg, one global decoder behind a
 mutex that ends each call with a host synchronise. py-spy on the H100 host found the six shard threads
@@ -39,7 +39,7 @@ class EngineDecode:
 
     def __init__(self, device: torch.device, fallback, open_decoder=None) -> None:
         if open_decoder is None:
-            from ..read.hw_decode import open_hardware_decoder as open_decoder
+            from .hw_decode import open_hardware_decoder as open_decoder
         self.device, self.fallback, self._open = device, fallback, open_decoder
         self._local, self._lock, self._opened = threading.local(), threading.Lock(), []
         self.decoded = {"hardware": 0, "fallback": 0}
@@ -72,7 +72,7 @@ class EngineDecode:
         """The inputs `mine` decoded on the engines into `out`; left None where the engines refuse them.
         The bytes stay alive in `datas` until the caller's copy back, which follows the decode on this
         thread's stream (nvJPEG may read them after the call returns)."""
-        from ..read.hw_decode import HardwareDecodeError
+        from .hw_decode import HardwareDecodeError
 
         arrays = [np.frombuffer(datas[i], dtype=np.uint8) for i in mine]
         pointers = np.array([a.ctypes.data for a in arrays], dtype=np.uint64)

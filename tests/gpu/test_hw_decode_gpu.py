@@ -14,7 +14,7 @@ from PIL import Image
 import fastdata
 from fastdata.read.augment import AugmentConfig
 from fastdata.read.encoded import EncodedSource
-from fastdata.read.hw_decode import open_hardware_decoder
+from fastdata.cache.hw_decode import open_hardware_decoder
 
 pytest.importorskip("torchvision")
 

@@ -37,7 +37,7 @@ from ..augment import apply_plan, normalize, plan_tensor, resolve_kernel, to_dev
 from ..crop import plan_rows
 from ..crop_box import crop_boxes
 from ..encoded import EncodedSource
-from ..hw_decode import HardwareDecodeError, Planes, open_hardware_decoder
+from ...cache.hw_decode import HardwareDecodeError, Planes, open_hardware_decoder
 from ..spans import EncodedBatch
 from . import BaseBackend
 from .decode import batch_rng, draw_flips, source_attrs
