@@ -1,5 +1,7 @@
 """Batched JPEG decode on the GPU's NVJPG engines: nvJPEG's hardware backend, called through ctypes.
 
+Used by the nvjpeg loader (read/backends/nvjpeg.py) and by the GPU build (gpu_engines.py).
+
 torchvision's decode_jpeg (the fallback, backends/nvjpeg.py) reaches the same engines on an A100 or
 H100/H200, but the shape of its call is what stop 30 measured as the limit: feeding resnet18 on an
 H200 (benchmarks/host_probe.py --jpeg), one call took 15-17 ms of the loader's 18 ms a batch
