@@ -17,6 +17,7 @@ import contextlib
 import io
 import logging
 import math
+import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -251,10 +252,15 @@ def _torchvision(datas: list) -> list[torch.Tensor]:
 
 
 def engine_decode():
-    """The shard threads' decoder: gpu_engines.EngineDecode on this GPU (None without one)."""
+    """The shard threads' decoder: gpu_engines.EngineDecode on this GPU where FASTDATA_BUILD_ENGINES=1, else
+    None (torchvision's). Opt-in until measured faster: its first H100 run built at 0.55x of the torchvision
+    path (build-H100-80GB-HBM3-2026-12-05-engines-default-stream.md); the per-shard stream that followed,
+    the suspected fix, has not had a GPU run yet."""
     from .gpu_engines import EngineDecode
 
-    return EngineDecode(torch.device("cuda"), _torchvision) if torch.cuda.is_available() else None
+    if os.environ.get("FASTDATA_BUILD_ENGINES") != "1" or not torch.cuda.is_available():
+        return None
+    return EngineDecode(torch.device("cuda"), _torchvision)
 
 
 @contextlib.contextmanager
