@@ -266,9 +266,9 @@ def engine_decode():
 @contextlib.contextmanager
 def gpu_shard_map(counter):
     """executors.shard_map for --decoder nvjpeg: SHARD_THREADS shard jobs at once in this process (one
-    CUDA context), each decoding on the NVJPG engines with its own decoder where they take the images
-    (gpu_engines.py), through torchvision's decode calls (which one mutex serialises) otherwise.
-    Results in completion order."""
+    CUDA context), decoding through torchvision's calls (which one mutex serialises), or, with
+    FASTDATA_BUILD_ENGINES=1, on the NVJPG engines with a decoder per thread where they take the images
+    (engine_decode, gpu_engines.py). Results in completion order."""
     jobs._init_worker(counter)
     pool = ThreadPoolExecutor(SHARD_THREADS, thread_name_prefix="fastdata-build-gpu")
     engines = engine_decode()

@@ -83,6 +83,13 @@ def baseline_sizes(data, starts, ends, max_segments: int = 24):
     pos, left = starts + 2, np.flatnonzero(ends - starts > 3)
     soi = (data[starts[left]] == 0xFF) & (data[starts[left] + 1] == 0xD8)
     left = left[soi]
+
+    def by_scan(images) -> None:
+        for i in images.tolist():
+            hw = baseline_size(scan=jpeg_scan(data[starts[i]:ends[i]]))
+            if hw is not None:
+                out[i] = hw
+
     walk = np.zeros(256, bool)
     walk[[m for m in range(0xC0, 0xFF) if m not in _SOF and m != 0xD8 and not 0xD0 <= m <= 0xD7]] = True
     for _ in range(max_segments):
@@ -98,14 +105,8 @@ def baseline_sizes(data, starts, ends, max_segments: int = 24):
         out[left[good], 1] = (at[good, 7] << 8) | at[good, 8]
         step = (at[:, 0] == 0xFF) & walk[at[:, 1]] & ~sof & ~other_sof
         odd = ~sof & ~other_sof & ~step                 # not followed here: jpeg_scan decides
-        for i in left[odd].tolist():
-            hw = baseline_size(scan=jpeg_scan(data[starts[i]:ends[i]]))
-            if hw is not None:
-                out[i] = hw
+        by_scan(left[odd])
         pos[left[step]] += 2 + ((at[step, 2] << 8) | at[step, 3])
         left = left[step]
-    for i in left.tolist():                             # still walking after max_segments
-        hw = baseline_size(scan=jpeg_scan(data[starts[i]:ends[i]]))
-        if hw is not None:
-            out[i] = hw
+    by_scan(left)                                       # still walking after max_segments
     return out

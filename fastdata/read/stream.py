@@ -13,8 +13,8 @@ memory budget: MemAvailable, or the cgroup's room, page cache included):
 * as each batch is submitted for reading, every shard the next batches will touch, up to the read-ahead
   budget, is announced with ``posix_fadvise(WILLNEED)``: the kernel reads it sequentially, at the
   disk's rate, before the first sample of it is gathered; a side thread opens it at the same time
-  (its header and small arrays), so no reader waits on those reads: +30% img/s in a cold epoch on the
-  2-core box (``benchmarks/out_of_ram.py``);
+  (its header and small arrays), so no reader waits on those reads: +23% img/s in a cold epoch in a
+  700 MB cgroup on the 2-core box (``out-of-ram-open-ahead-cpu2-2026-12-05.md``);
 * once the last batch that touches a shard has been copied out, the shard's pages are unmapped from
   the gather range (``madvise(DONTNEED)``) and dropped from the page cache (``posix_fadvise(DONTNEED)``),
   so memory stays bounded and other shards' pages are not evicted in their place.
