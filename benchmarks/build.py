@@ -63,27 +63,61 @@ def pixel_difference(a: Path, b: Path) -> tuple[float, float]:
     return float(np.mean(per)), float(np.max(per))
 
 
+GPU_VARIANTS = {   # name -> environment: the shard threads or processes, torchvision's decoder or the NVJPG engines
+    "threads, torchvision": {"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_GPU_PROCESSES": "0"},
+    "threads, engines": {"FASTDATA_BUILD_ENGINES": "1", "FASTDATA_BUILD_GPU_PROCESSES": "0"},
+    "processes, torchvision": {"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_GPU_PROCESSES": "P"},
+    "processes, engines": {"FASTDATA_BUILD_ENGINES": "1", "FASTDATA_BUILD_GPU_PROCESSES": "P"},
+}
+
+
 def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int) -> tuple[list[dict], str]:
-    """build-cache --decoder nvjpeg (best of two, after a warm-up build) and its pixels against the CPU build."""
+    """build-cache --decoder nvjpeg in each GPU_VARIANTS setting, alternating, two reps after a warm-up build.
+    Per rep a full build and one of half the shards (part 0 of 2): their difference is the rate once every
+    process has started, which a spawned process pool (torch import, CUDA context) hides in a short build.
+    P processes: half the workers (at least 2)."""
     from fastdata.cache.build import BuildConfig, build_cache
 
     def one(dest: str, **kw):
-        return build_cache(BuildConfig(src=str(src), dest=str(tmp / dest), size=size, progress=False, **kw))
+        r = build_cache(BuildConfig(src=str(src), dest=str(tmp / dest), size=size, progress=False, decoder="nvjpeg",
+                                    **kw))
+        shutil.rmtree(tmp / dest, ignore_errors=True)   # (the disk holds the next one)
+        return r
 
-    one("gpu-warm", decoder="nvjpeg", part=(0, 20))
-    rates: dict[str, float] = {}
-    for k in range(2):          # alternating, best of two each: with the NVJPG engines, and torchvision alone
-        for name, flag in (("engines", "1"), ("torchvision", "0")):
-            os.environ["FASTDATA_BUILD_ENGINES"] = flag
-            r = one(f"gpu-{name}-{k}", decoder="nvjpeg")
-            rates[name] = max(rates.get(name, 0.0), r.written / r.seconds)
+    processes = str(max(2, workers // 2))
+    one("gpu-warm", part=(0, 20))
+    wall: dict[str, float] = {}
+    steady: dict[str, float] = {}
+    for k in range(2):
+        for j, (name, env) in enumerate(GPU_VARIANTS.items()):
+            os.environ.update({key: processes if v == "P" else v for key, v in env.items()})
+            full, half = one(f"gpu-{k}-{j}"), one(f"gpu-{k}-{j}-half", part=(0, 2))
+            wall[name] = max(wall.get(name, 0.0), full.written / full.seconds)
+            if full.seconds > half.seconds:
+                steady[name] = max(steady.get(name, 0.0), (full.written - half.written) / (full.seconds - half.seconds))
+    for key in GPU_VARIANTS["threads, torchvision"]:
+        os.environ.pop(key)
+    rows = []
+    for name, rate in wall.items():
+        for what, r in ((f"{name}{'' if 'threads' in name else ' x' + processes}", rate),
+                        (f"{name}, after start-up", steady.get(name, 0.0))):
+            rows.append({"what": f"build-cache --encode raw --decoder nvjpeg (GPU: {what})", "img/s": r,
+                         "img/s/core": r / workers, "vs plain x workers": f"{r / (plain * workers):.0%}"})
+    return rows, _gpu_pixels(src, tmp, size)
+
+
+def _gpu_pixels(src: Path, tmp: Path, size: int) -> str:
+    """The engines' pixels against the CPU build's (c-raw-0), where the CPU rows ran."""
+    from fastdata.cache.build import BuildConfig, build_cache
+
+    if not (tmp / "c-raw-0").exists():
+        return ""
+    os.environ["FASTDATA_BUILD_ENGINES"] = "1"
+    build_cache(BuildConfig(src=str(src), dest=str(tmp / "gpu-pixels"), size=size, progress=False, decoder="nvjpeg"))
     os.environ.pop("FASTDATA_BUILD_ENGINES")
-    mean, worst = pixel_difference(tmp / "c-raw-0", tmp / "gpu-engines-0")
-    rows = [{"what": f"build-cache --encode raw --decoder nvjpeg (GPU, {name})", "img/s": rate,
-             "img/s/core": rate / workers, "vs plain x workers": f"{rate / (plain * workers):.0%}"}
-            for name, rate in rates.items()]
-    return rows, (f" --decoder nvjpeg (engines) against the CPU build of the same files: mean absolute difference "
-                  f"{mean:.2f} of 255 levels, worst image {worst:.2f}.")
+    mean, worst = pixel_difference(tmp / "c-raw-0", tmp / "gpu-pixels")
+    return (f" --decoder nvjpeg (threads, engines) against the CPU build of the same files: mean absolute "
+            f"difference {mean:.2f} of 255 levels, worst image {worst:.2f}.")
 
 
 def main() -> None:
@@ -93,6 +127,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--photos", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--gpu-only", action="store_true", help="leave out the CPU builds (the plain rate stays)")
     a = ap.parse_args()
     from fastdata._util import usable_cpus
     from fastdata.cache.build import BuildConfig, build_cache
@@ -108,7 +143,7 @@ def main() -> None:
             p.read_bytes()
         plain = max(plain_pil_rate(sub, a.size) for _ in range(2))
         rows = [{"what": "plain PIL decode+resize, 1 process", "img/s": plain, "img/s/core": plain}]
-        for encode in ("raw", "jpeg"):
+        for encode in () if a.gpu_only else ("raw", "jpeg"):
             own = max(codec_rate(sub, a.size, encode) for _ in range(2))
             rate = 0.0
             for rep in range(2):  # best of two: this VM's CPU speed varies from run to run
@@ -125,7 +160,8 @@ def main() -> None:
         notes = (f"{len(files)} JPEGs of 500x375 (q90) made from skimage/sklearn photos; size {a.size}, "
                  f"h5 shards, page cache warm, best of two runs per row. Goal (issue 21): build >= 150% of plain-PIL rate x cores. The codec uses "
                  f"libjpeg DCT-domain downscaling (PIL draft), which is why it beats plain PIL per core."
-                 f"{gpu_note} Rerun: `python benchmarks/build.py --per-class {a.per_class} --size {a.size}`.")
+                 f"{gpu_note} Rerun: `python benchmarks/build.py --per-class {a.per_class} --size {a.size}"
+                 f"{' --gpu-only' if a.gpu_only else ''}`.")
         write("build", rows, ["what", "img/s", "img/s/core", "vs plain x workers"], notes,
               Path(a.out) if a.out else None)
     finally:

@@ -137,6 +137,25 @@ def test_a_batch_the_decoder_refuses_goes_through_the_cpu_codec(messy_folder, tm
     assert len(cpu.manifest.quarantined) == 1
 
 
+def test_shard_processes_build_the_same_cache_as_shard_threads(messy_folder, tmp_path, monkeypatch):
+    """FASTDATA_BUILD_GPU_PROCESSES=2: spawned processes, each handed the decoder (here the stand-in)."""
+    threads = _gpu_build(monkeypatch, messy_folder, tmp_path / "threads")
+    monkeypatch.setenv("FASTDATA_BUILD_GPU_PROCESSES", "2")
+    procs = _gpu_build(monkeypatch, messy_folder, tmp_path / "procs", shard_size="300KB")
+    assert verify_cache(tmp_path / "procs").ok and len(procs.manifest.shards) > 2
+    assert [q["path"] for q in procs.manifest.quarantined] == [q["path"] for q in threads.manifest.quarantined]
+    (tk, tp), (pk, pp) = _pixels(tmp_path / "threads"), _pixels(tmp_path / "procs")
+    assert tk == pk and np.array_equal(tp, pp)
+
+
+@pytest.mark.parametrize("value", ["many", "-1"])
+def test_a_bad_process_count_is_one_line(messy_folder, tmp_path, monkeypatch, value):
+    monkeypatch.setenv("FASTDATA_BUILD_GPU_PROCESSES", value)
+    with pytest.raises(BuildError, match="FASTDATA_BUILD_GPU_PROCESSES=.*whole number"):
+        _gpu_build(monkeypatch, messy_folder, tmp_path / "gpu")
+    assert not (tmp_path / "gpu").exists()
+
+
 def test_on_error_raise_names_the_file(messy_folder, tmp_path, monkeypatch):
     with pytest.raises(BuildError, match="zz_broken.jpg"):
         _gpu_build(monkeypatch, messy_folder, tmp_path / "gpu", on_error="raise")

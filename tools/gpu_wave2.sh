@@ -93,7 +93,7 @@ stage_buildspy() {  # where a --decoder nvjpeg build's time goes: py-spy (wheel 
     $PY tools/pyspy_summary.py "$RES/pyspy-gpubuild.txt" | head -50
 }
 stage_build() {
-    timeout ${BUILD_TIMEOUT:-240} $PY benchmarks/build.py --per-class ${BUILD_PER_CLASS:-600} --out "$RES" 2>&1 | tail -15
+    timeout ${BUILD_TIMEOUT:-240} $PY benchmarks/build.py --per-class ${BUILD_PER_CLASS:-600} --out "$RES" ${BUILD_ARGS:-} 2>&1 | tail -22
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 for s in "$@"; do

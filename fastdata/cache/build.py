@@ -141,14 +141,14 @@ def _run(cfg: BuildConfig, dest: Path, items: tuple[Item, ...], journal: Journal
     tasks = [(k, items[k * per:(k + 1) * per], cfg.codec(), cfg.format, str(dest), cfg.on_error, store)
              for k in todo]
     workers = min(len(tasks), usable_cpus() if cfg.workers is None else cfg.workers)
-    counter = mp.get_context("fork").Value("q", 0)
+    counter = mp.get_context("spawn").Value("q", 0)   # (a spawn-context counter reaches forked and spawned workers)
     done_before = len(items) - sum(len(t[1]) for t in tasks)
     sizes = {t[0]: len(t[1]) for t in tasks}
     written, finished = 0, done_before
     if cfg.decoder == "nvjpeg":          # this machine's GPU decodes; threads read, hash and write
-        from .gpu_build import gpu_shard_map
+        from .gpu_build import gpu_map
 
-        shards = gpu_shard_map(counter)
+        shards = gpu_map(counter)
     else:
         shards = shard_map(cfg.executor, workers, counter)
     with shards as run, tqdm(
@@ -221,9 +221,10 @@ def build_cache(cfg: BuildConfig) -> BuildResult:
     cfg.validate()
     cfg = replace(cfg, src=user_path(cfg.src), dest=user_path(cfg.dest))
     if cfg.decoder == "nvjpeg":          # before DEST is made
-        from .gpu_build import check_gpu_decoder
+        from .gpu_build import check_gpu_decoder, gpu_processes
 
         check_gpu_decoder()
+        gpu_processes()                  # (a bad FASTDATA_BUILD_GPU_PROCESSES: one line, no DEST)
     source = discover(cfg.src, images_only=cfg.encode != "bytes", exclude=() if is_url(cfg.dest) else (cfg.dest,),
                       allow_empty_classes=cfg.allow_empty_classes, storage_options=cfg.storage_options)
     items = partition(source.items, cfg.part)   # (a bad SRC creates no DEST)

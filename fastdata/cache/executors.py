@@ -29,7 +29,7 @@ RETRIES = 3
 @contextlib.contextmanager
 def shard_map(executor: str, workers: int, counter, fn=build_shard):
     if executor == "local":
-        with _local_map(workers, counter, fn) as run:
+        with process_map(workers, counter, fn) as run:
             yield run
     else:
         address = executor[len("dask://"):] if executor.startswith("dask://") else None
@@ -38,16 +38,17 @@ def shard_map(executor: str, workers: int, counter, fn=build_shard):
 
 
 @contextlib.contextmanager
-def _local_map(workers: int, counter, fn):
+def process_map(workers: int, counter, fn, start: str = "fork", init=_init_worker, init_args: tuple | None = None):
     """A process pool that notices a worker dying. multiprocessing.Pool replaces a killed worker (the OOM
     killer's SIGKILL) but loses its shard job, and the build then waited for it forever at 98%;
-    ProcessPoolExecutor marks the pool broken, which ends the build with a message and a resumable DEST."""
+    ProcessPoolExecutor marks the pool broken, which ends the build with a message and a resumable DEST.
+    start: the multiprocessing start method; init(*init_args) runs in each worker (default: (counter,))."""
+    init_args = (counter,) if init_args is None else init_args
     if workers == 0:
-        _init_worker(counter)
+        init(*init_args)
         yield lambda tasks: map(fn, tasks)
         return
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_init_worker,
-                               initargs=(counter,))
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(start), initializer=init, initargs=init_args)
     # a fork pool starts all its workers at the first submit: do it now, while this process has one
     # thread (the progress bar's monitor thread starts next; forking beside threads can deadlock a child)
     pool.submit(int).result()

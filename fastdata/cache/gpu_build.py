@@ -263,6 +263,50 @@ def engine_decode():
     return EngineDecode(torch.device("cuda"), _torchvision)
 
 
+PROCESSES_ENV = "FASTDATA_BUILD_GPU_PROCESSES"
+
+
+def gpu_processes() -> int:
+    """Shard processes for --decoder nvjpeg, from FASTDATA_BUILD_GPU_PROCESSES; 0 (the default): SHARD_THREADS
+    threads in this process. Why processes: torchvision's decode calls are serialised by one mutex per
+    process, and py-spy on the H100 host found the shard threads waiting on it, not on the GIL
+    (pyspy-gpubuild-H100-2026-12-05-summary.txt); each process has its own decoder and its own GIL.
+    Opt-in until a GPU run measures it against the threads."""
+    raw = os.environ.get(PROCESSES_ENV, "0").strip() or "0"
+    if not raw.isdigit():
+        raise BuildError(f"{PROCESSES_ENV}={raw!r}: give a whole number of processes, or 0 for shard threads "
+                         f"in this process")
+    return int(raw)
+
+
+_worker_decode = None
+
+
+def _init_gpu_worker(counter, decode) -> None:
+    """A GPU build process: the build worker's signals and progress counter, and its decoder (the engines
+    where FASTDATA_BUILD_ENGINES=1, else `decode`: nvjpeg_decode, or the CPU tests' stand-in)."""
+    global _worker_decode
+    jobs._init_worker(counter)
+    _worker_decode = engine_decode() or decode
+
+
+def _worker_shard(task):
+    return build_shard_gpu(task, _worker_decode)
+
+
+def gpu_map(counter):
+    """Where --decoder nvjpeg's shard jobs run: gpu_processes() spawned processes (spawn, not fork: a child
+    of a process that has touched CUDA cannot use it), each building one shard at a time with its own CUDA
+    context; or, by default, gpu_shard_map's threads in this process. Results in completion order."""
+    processes = gpu_processes()
+    if not processes:
+        return gpu_shard_map(counter)
+    from .executors import process_map
+
+    return process_map(processes, counter, _worker_shard, start="spawn", init=_init_gpu_worker,
+                       init_args=(counter, nvjpeg_decode))
+
+
 @contextlib.contextmanager
 def gpu_shard_map(counter):
     """executors.shard_map for --decoder nvjpeg: SHARD_THREADS shard jobs at once in this process (one
