@@ -295,15 +295,20 @@ def _worker_shard(task):
 
 
 def gpu_map(counter):
-    """Where --decoder nvjpeg's shard jobs run: gpu_processes() spawned processes (spawn, not fork: a child
+    """Where --decoder nvjpeg's shard jobs run: gpu_processes() processes (not forked from this one: a child
     of a process that has touched CUDA cannot use it), each building one shard at a time with its own CUDA
     context; or, by default, gpu_shard_map's threads in this process. Results in completion order."""
     processes = gpu_processes()
     if not processes:
         return gpu_shard_map(counter)
+    import multiprocessing as mp
+
     from .executors import process_map
 
-    return process_map(processes, counter, _worker_shard, start="spawn", init=_init_gpu_worker,
+    # forked from a server process that imported these once and never touched CUDA (its first start is a
+    # spawn), rather than each worker spawned and importing torch itself
+    mp.set_forkserver_preload(["fastdata.cache.gpu_build", "torchvision.io"])
+    return process_map(processes, counter, _worker_shard, start="forkserver", init=_init_gpu_worker,
                        init_args=(counter, nvjpeg_decode))
 
 
