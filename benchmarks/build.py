@@ -63,11 +63,11 @@ def pixel_difference(a: Path, b: Path) -> tuple[float, float]:
     return float(np.mean(per)), float(np.max(per))
 
 
-GPU_VARIANTS = {   # name -> environment: the shard threads or processes, torchvision's decoder or the NVJPG engines
-    "threads, torchvision": {"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_GPU_PROCESSES": "0"},
-    "threads, engines": {"FASTDATA_BUILD_ENGINES": "1", "FASTDATA_BUILD_GPU_PROCESSES": "0"},
-    "processes, torchvision": {"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_GPU_PROCESSES": "P"},
-    "processes, engines": {"FASTDATA_BUILD_ENGINES": "1", "FASTDATA_BUILD_GPU_PROCESSES": "P"},
+GPU_VARIANTS = {   # name -> (FASTDATA_BUILD_ENGINES, in --workers processes, else shard threads in one process)
+    "threads, torchvision": ("0", False),
+    "threads, engines": ("1", False),
+    "processes, torchvision": ("0", True),
+    "processes, engines": ("1", True),
 }
 
 
@@ -75,7 +75,7 @@ def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int) -> tup
     """build-cache --decoder nvjpeg in each GPU_VARIANTS setting, alternating, two reps after a warm-up build.
     Per rep a full build and one of half the shards (part 0 of 2): their difference is the rate once every
     process has started, which a spawned process pool (torch import, CUDA context) hides in a short build.
-    P processes: half the workers (at least 2)."""
+    Processes: --workers of them (the default: every usable CPU)."""
     from fastdata.cache.build import BuildConfig, build_cache
 
     def one(dest: str, **kw):
@@ -84,19 +84,19 @@ def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int) -> tup
         shutil.rmtree(tmp / dest, ignore_errors=True)   # (the disk holds the next one)
         return r
 
-    processes = str(max(2, workers // 2))
-    one("gpu-warm", part=(0, 20))
+    processes = str(workers)
+    one("gpu-warm", part=(0, 20), workers=0)
     wall: dict[str, float] = {}
     steady: dict[str, float] = {}
     for k in range(2):
-        for j, (name, env) in enumerate(GPU_VARIANTS.items()):
-            os.environ.update({key: processes if v == "P" else v for key, v in env.items()})
-            full, half = one(f"gpu-{k}-{j}"), one(f"gpu-{k}-{j}-half", part=(0, 2))
+        for j, (name, (engines, in_processes)) in enumerate(GPU_VARIANTS.items()):
+            os.environ["FASTDATA_BUILD_ENGINES"] = engines
+            n = workers if in_processes else 0
+            full, half = one(f"gpu-{k}-{j}", workers=n), one(f"gpu-{k}-{j}-half", part=(0, 2), workers=n)
             wall[name] = max(wall.get(name, 0.0), full.written / full.seconds)
             if full.seconds > half.seconds:
                 steady[name] = max(steady.get(name, 0.0), (full.written - half.written) / (full.seconds - half.seconds))
-    for key in GPU_VARIANTS["threads, torchvision"]:
-        os.environ.pop(key)
+    os.environ.pop("FASTDATA_BUILD_ENGINES")
     rows = []
     for name, rate in wall.items():
         for what, r in ((f"{name}{'' if 'threads' in name else ' x' + processes}", rate),
@@ -113,7 +113,8 @@ def _gpu_pixels(src: Path, tmp: Path, size: int) -> str:
     if not (tmp / "c-raw-0").exists():
         return ""
     os.environ["FASTDATA_BUILD_ENGINES"] = "1"
-    build_cache(BuildConfig(src=str(src), dest=str(tmp / "gpu-pixels"), size=size, progress=False, decoder="nvjpeg"))
+    build_cache(BuildConfig(src=str(src), dest=str(tmp / "gpu-pixels"), size=size, progress=False, decoder="nvjpeg",
+                            workers=0))
     os.environ.pop("FASTDATA_BUILD_ENGINES")
     mean, worst = pixel_difference(tmp / "c-raw-0", tmp / "gpu-pixels")
     return (f" --decoder nvjpeg (threads, engines) against the CPU build of the same files: mean absolute "

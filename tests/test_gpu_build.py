@@ -5,7 +5,11 @@ codec, quarantine, fallback, the manifest. tests/gpu runs the real decoder."""
 from __future__ import annotations
 
 import io
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +23,8 @@ from fastdata.errors import BuildError
 from fastdata.read.reader import open_cache
 
 from helpers import build
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pil_as_nvjpeg(datas):
@@ -105,7 +111,8 @@ def _gpu_build(monkeypatch, src, dest, decode=pil_as_nvjpeg, **kw):
     monkeypatch.setattr(gpu_build, "check_gpu_decoder", lambda: None)
     monkeypatch.setattr(gpu_build, "nvjpeg_decode", decode)
     monkeypatch.setattr(gpu_build, "BATCH", 16)          # several batches per shard
-    return build(src, dest, decoder="nvjpeg", workers=2, **kw)
+    kw.setdefault("workers", 0)      # shard threads in this process, where the patches above apply
+    return build(src, dest, decoder="nvjpeg", **kw)
 
 
 def test_gpu_build_matches_the_cpu_build(messy_folder, tmp_path, monkeypatch):
@@ -138,22 +145,46 @@ def test_a_batch_the_decoder_refuses_goes_through_the_cpu_codec(messy_folder, tm
 
 
 def test_shard_processes_build_the_same_cache_as_shard_threads(messy_folder, tmp_path, monkeypatch):
-    """FASTDATA_BUILD_GPU_PROCESSES=2: spawned processes, each handed the decoder (here the stand-in)."""
+    """--workers 2: two processes (from a forkserver), each handed the decoder (here the stand-in)."""
     threads = _gpu_build(monkeypatch, messy_folder, tmp_path / "threads")
-    monkeypatch.setenv("FASTDATA_BUILD_GPU_PROCESSES", "2")
-    procs = _gpu_build(monkeypatch, messy_folder, tmp_path / "procs", shard_size="300KB")
+    procs = _gpu_build(monkeypatch, messy_folder, tmp_path / "procs", workers=2, shard_size="300KB")
     assert verify_cache(tmp_path / "procs").ok and len(procs.manifest.shards) > 2
     assert [q["path"] for q in procs.manifest.quarantined] == [q["path"] for q in threads.manifest.quarantined]
     (tk, tp), (pk, pp) = _pixels(tmp_path / "threads"), _pixels(tmp_path / "procs")
     assert tk == pk and np.array_equal(tp, pp)
 
 
-@pytest.mark.parametrize("value", ["many", "-1"])
-def test_a_bad_process_count_is_one_line(messy_folder, tmp_path, monkeypatch, value):
-    monkeypatch.setenv("FASTDATA_BUILD_GPU_PROCESSES", value)
-    with pytest.raises(BuildError, match="FASTDATA_BUILD_GPU_PROCESSES=.*whole number"):
-        _gpu_build(monkeypatch, messy_folder, tmp_path / "gpu")
-    assert not (tmp_path / "gpu").exists()
+def test_a_script_without_a_main_guard_is_told_to_add_one(messy_folder, tmp_path):
+    """The shard processes import the __main__ script first, as spawn does: an unguarded script would start
+    the build again inside each of them, which multiprocessing refuses, and the pool breaks."""
+    (tmp_path / "standin.py").write_text("from test_gpu_build import pil_as_nvjpeg as decode\n")
+    script = tmp_path / "build_it.py"
+    script.write_text(
+        "import standin\nfrom fastdata.cache import gpu_build\nfrom fastdata.cache.build import BuildConfig, build_cache\n"
+        "gpu_build.check_gpu_decoder = lambda: None\ngpu_build.nvjpeg_decode = standin.decode\n"
+        f"build_cache(BuildConfig(src={str(messy_folder)!r}, dest={str(tmp_path / 'd')!r}, decoder='nvjpeg', "
+        "workers=2, size=32, progress=False))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), str(ROOT / "tests")])}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode != 0
+    assert 'BuildError: a build worker process died: if a script starts this build, put the call under ' \
+           '`if __name__ == "__main__":`' in out.stderr, out.stderr[-2000:]
+    lines = script.read_text().splitlines()       # the same script, guarded: it builds
+    script.write_text("\n".join(lines[:-1] + ["if __name__ == '__main__':", "    " + lines[-1]]) + "\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert verify_cache(tmp_path / "d").ok
+
+
+def test_shard_processes_are_capped_by_free_gpu_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (10 * gpu_build.PROCESS_GPU_BYTES + 1, 1 << 40))
+    assert gpu_build.shard_processes(16) == 10
+    assert gpu_build.shard_processes(4) == 4
+    assert gpu_build.shard_processes(0) == 0           # --workers 0: threads in this process
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (1 << 20, 1 << 40))
+    assert gpu_build.shard_processes(16) == 1          # a full GPU still gets one process (which may then
+                                                       # end with the one-line out-of-memory message)
 
 
 def test_on_error_raise_names_the_file(messy_folder, tmp_path, monkeypatch):
@@ -224,7 +255,7 @@ def test_running_out_of_gpu_memory_is_one_line_and_resumable(messy_folder, tmp_p
     monkeypatch.setattr(gpu_build, "nvjpeg_decode", pil_as_nvjpeg)
     monkeypatch.setattr(gpu_build, "BATCH", 4)
     args = ["build-cache", str(messy_folder), str(tmp_path / "d"), "--decoder", "nvjpeg", "--no-progress",
-            "--shard-size", "64KB"]
+            "--shard-size", "64KB", "--workers", "0"]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert "the GPU ran out of memory on shard" in err and "rerun to resume" in err and "\n" not in err

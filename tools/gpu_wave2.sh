@@ -88,7 +88,7 @@ stage_buildspy() {  # where a --decoder nvjpeg build's time goes: py-spy (wheel 
     $PY -m pip install -q --no-index --no-deps --target /tmp/pyspy .pyspy/*.whl || return 1
     $PY -c "from fastdata.sample import make_image_folder as m; m('/tmp/bsrc', ${BUILD_PER_CLASS:-600})" >/dev/null
     cat /tmp/bsrc/*/* >/dev/null; rm -rf /tmp/bdest
-    timeout ${BUILD_TIMEOUT:-240} /tmp/pyspy/bin/py-spy record --gil --threads --nonblocking --format raw -r 200 \
+    timeout ${BUILD_TIMEOUT:-240} /tmp/pyspy/bin/py-spy record --gil --threads --subprocesses --nonblocking --format raw -r 200 \
         -o "$RES/pyspy-gpubuild.txt" -- $PY -m fastdata.cli build-cache /tmp/bsrc /tmp/bdest --decoder nvjpeg 2>&1 | tail -4
     $PY tools/pyspy_summary.py "$RES/pyspy-gpubuild.txt" | head -50
 }

@@ -55,7 +55,7 @@ class BuildConfig:
     executor: str = "local"        # local (process pool) | dask (LocalCluster) | dask://HOST:PORT (executors.py)
     storage_options: dict | None = None   # s3:// SRC/DEST: s3fs options (never recorded unredacted)
     allow_empty_classes: bool = False   # keep class folders without images as labels (ImageFolder allow_empty)
-    decoder: str = "cpu"           # cpu (PIL, in the executor's workers) | nvjpeg (GPU, this process: gpu_build.py)
+    decoder: str = "cpu"           # cpu (PIL, in the executor's workers) | nvjpeg (GPU, in the workers: gpu_build.py)
 
     def validate(self) -> None:
         checks = [
@@ -141,14 +141,17 @@ def _run(cfg: BuildConfig, dest: Path, items: tuple[Item, ...], journal: Journal
     tasks = [(k, items[k * per:(k + 1) * per], cfg.codec(), cfg.format, str(dest), cfg.on_error, store)
              for k in todo]
     workers = min(len(tasks), usable_cpus() if cfg.workers is None else cfg.workers)
-    counter = mp.get_context("spawn").Value("q", 0)   # (a spawn-context counter reaches forked and spawned workers)
+    # the progress counter: a fork-context one has no resource-tracker process behind it, but reaches only
+    # forked workers; the GPU build's shard processes come from a forkserver
+    gpu_processes = cfg.decoder == "nvjpeg" and workers > 0
+    counter = mp.get_context("forkserver" if gpu_processes else "fork").Value("q", 0)
     done_before = len(items) - sum(len(t[1]) for t in tasks)
     sizes = {t[0]: len(t[1]) for t in tasks}
     written, finished = 0, done_before
-    if cfg.decoder == "nvjpeg":          # this machine's GPU decodes; threads read, hash and write
+    if cfg.decoder == "nvjpeg":          # this machine's GPU decodes, in the workers or in threads here
         from .gpu_build import gpu_map
 
-        shards = gpu_map(counter)
+        shards = gpu_map(counter, workers)
     else:
         shards = shard_map(cfg.executor, workers, counter)
     with shards as run, tqdm(
@@ -221,10 +224,9 @@ def build_cache(cfg: BuildConfig) -> BuildResult:
     cfg.validate()
     cfg = replace(cfg, src=user_path(cfg.src), dest=user_path(cfg.dest))
     if cfg.decoder == "nvjpeg":          # before DEST is made
-        from .gpu_build import check_gpu_decoder, gpu_processes
+        from .gpu_build import check_gpu_decoder
 
         check_gpu_decoder()
-        gpu_processes()                  # (a bad FASTDATA_BUILD_GPU_PROCESSES: one line, no DEST)
     source = discover(cfg.src, images_only=cfg.encode != "bytes", exclude=() if is_url(cfg.dest) else (cfg.dest,),
                       allow_empty_classes=cfg.allow_empty_classes, storage_options=cfg.storage_options)
     items = partition(source.items, cfg.part)   # (a bad SRC creates no DEST)

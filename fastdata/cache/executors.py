@@ -49,9 +49,13 @@ def process_map(workers: int, counter, fn, start: str = "fork", init=_init_worke
         yield lambda tasks: map(fn, tasks)
         return
     pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(start), initializer=init, initargs=init_args)
-    # a fork pool starts all its workers at the first submit: do it now, while this process has one
-    # thread (the progress bar's monitor thread starts next; forking beside threads can deadlock a child)
-    pool.submit(int).result()
+    try:
+        # a fork pool starts all its workers at the first submit: do it now, while this process has one
+        # thread (the progress bar's monitor thread starts next; forking beside threads can deadlock a child)
+        pool.submit(int).result()
+    except BrokenProcessPool:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise _died(start) from None
 
     def run(tasks):
         futures = [pool.submit(fn, t) for t in tasks]
@@ -59,10 +63,7 @@ def process_map(workers: int, counter, fn, start: str = "fork", init=_init_worke
             try:
                 yield fut.result()
             except BrokenProcessPool:
-                raise BuildError("a build worker process died mid-shard (killed by a signal; the kernel's "
-                                 "out-of-memory killer sends one: see `dmesg`); the finished shards are kept: "
-                                 "rerun the same command to resume, with fewer --workers or a smaller "
-                                 "--shard-size if memory is short") from None
+                raise _died(start) from None
     clean = False
     try:
         yield run
@@ -72,6 +73,16 @@ def process_map(workers: int, counter, fn, start: str = "fork", init=_init_worke
             for proc in list(getattr(pool, "_processes", {}).values()):
                 proc.terminate()
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _died(start: str) -> BuildError:
+    killed = ("killed by a signal (the kernel's out-of-memory killer sends one: see `dmesg`); the finished shards "
+              "are kept: rerun the same command to resume, with fewer --workers or a smaller --shard-size if "
+              "memory is short")
+    if start == "fork":
+        return BuildError(f"a build worker process died: {killed}")
+    return BuildError(f"a build worker process died: if a script starts this build, put the call under "
+                      f"`if __name__ == \"__main__\":` (these workers import the script first); otherwise it was {killed}")
 
 
 # A cluster the build starts for itself runs one job per worker and nothing else, so what Dask does

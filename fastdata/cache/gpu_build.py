@@ -5,7 +5,10 @@ in batches, turned by their EXIF orientation, cropped and resized on the GPU; ev
 Why: on the H200 machine's 16 vCPUs a PIL build of 500x375 JPEGs ran at 3.7k img/s, 0.53x of 16 x
 the single-process rate (benchmarks/results/build-H200-2026-12-04.md): the vCPUs are hyperthreads
 and full-size decoding dominates. The GPU's JPEG engines decode ~25k small images a second
-(decode.py), so the build becomes bound by reading files and writing shards.
+(decode.py), so the build becomes bound by reading files and writing shards. Shards are built in
+`--workers` processes (shard_processes, gpu_map), each with its own decoder: in one process, torchvision's
+decode calls queue behind one mutex, and 6 shard threads built at 0.6x of 16 x plain PIL where 16
+processes reached 1.19x (H100 host, build-H100-80GB-HBM3-2026-12-06-processes{8,16}.md).
 
 The pixels are not the CPU codec's: nvJPEG's IDCT and chroma upsampling differ from libjpeg's, the
 CPU codec decodes at a reduced DCT scale where it can (codecs.py draft), and a crop box is rounded
@@ -263,20 +266,20 @@ def engine_decode():
     return EngineDecode(torch.device("cuda"), _torchvision)
 
 
-PROCESSES_ENV = "FASTDATA_BUILD_GPU_PROCESSES"
+PROCESS_GPU_BYTES = 3 << 30   # GPU memory one shard process may take: a CUDA context (~0.5 GB), one nvJPEG
+                              # call's decoded pixels (DECODE_PIXELS x 3 B) and one resize group's floats
 
 
-def gpu_processes() -> int:
-    """Shard processes for --decoder nvjpeg, from FASTDATA_BUILD_GPU_PROCESSES; 0 (the default): SHARD_THREADS
-    threads in this process. Why processes: torchvision's decode calls are serialised by one mutex per
-    process, and py-spy on the H100 host found the shard threads waiting on it, not on the GIL
-    (pyspy-gpubuild-H100-2026-12-05-summary.txt); each process has its own decoder and its own GIL.
-    Opt-in until a GPU run measures it against the threads."""
-    raw = os.environ.get(PROCESSES_ENV, "0").strip() or "0"
-    if not raw.isdigit():
-        raise BuildError(f"{PROCESSES_ENV}={raw!r}: give a whole number of processes, or 0 for shard threads "
-                         f"in this process")
-    return int(raw)
+def shard_processes(workers: int) -> int:
+    """Shard processes for --decoder nvjpeg: `workers`, at most as many as the GPU's free memory holds
+    (PROCESS_GPU_BYTES each); 0 means shard threads in this process. Why processes: torchvision's decode
+    calls are serialised by one mutex per process (py-spy on the H100 host found the shard threads waiting on
+    it, pyspy-gpubuild-H100-2026-12-05-summary.txt). After start-up, 8 processes built 1.6x what the threads
+    did, 16 processes 1.19x of 16 x plain PIL (build-H100-80GB-HBM3-2026-12-06-processes{8,16}.md)."""
+    if workers <= 0 or not torch.cuda.is_available():
+        return max(0, workers)
+    free, _ = torch.cuda.mem_get_info()
+    return max(1, min(workers, free // PROCESS_GPU_BYTES))
 
 
 _worker_decode = None
@@ -294,11 +297,11 @@ def _worker_shard(task):
     return build_shard_gpu(task, _worker_decode)
 
 
-def gpu_map(counter):
-    """Where --decoder nvjpeg's shard jobs run: gpu_processes() processes (not forked from this one: a child
-    of a process that has touched CUDA cannot use it), each building one shard at a time with its own CUDA
-    context; or, by default, gpu_shard_map's threads in this process. Results in completion order."""
-    processes = gpu_processes()
+def gpu_map(counter, workers: int):
+    """Where --decoder nvjpeg's shard jobs run: shard_processes(workers) processes (not forked from this one: a
+    child of a process that has touched CUDA cannot use it), each building one shard at a time with its own
+    CUDA context; or, for workers=0, gpu_shard_map's threads in this process. Results in completion order."""
+    processes = shard_processes(workers)
     if not processes:
         return gpu_shard_map(counter)
     import multiprocessing as mp
@@ -314,8 +317,8 @@ def gpu_map(counter):
 
 @contextlib.contextmanager
 def gpu_shard_map(counter):
-    """executors.shard_map for --decoder nvjpeg: SHARD_THREADS shard jobs at once in this process (one
-    CUDA context), decoding through torchvision's calls (which one mutex serialises), or, with
+    """executors.shard_map for --decoder nvjpeg --workers 0: SHARD_THREADS shard jobs at once in this process
+    (one CUDA context), decoding through torchvision's calls (which one mutex serialises), or, with
     FASTDATA_BUILD_ENGINES=1, on the NVJPG engines with a decoder per thread where they take the images
     (engine_decode, gpu_engines.py). Results in completion order."""
     jobs._init_worker(counter)

@@ -293,7 +293,7 @@ def test_a_worker_killed_mid_shard_ends_the_build_resumably(image_folder, tmp_pa
             "               '--size', '64']))\n")
     out = subprocess.run([sys.executable, "-c", code, str(victim), str(image_folder), str(tmp_path / "c")],
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "a build worker process died mid-shard" in out.stderr, out.stderr[-1500:]
+    assert out.returncode == 2 and "a build worker process died" in out.stderr, out.stderr[-1500:]
     assert "rerun the same command to resume" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "c" / "manifest.json").exists()
     build(image_folder, tmp_path / "c", workers=2, shard_size="60KB")
