@@ -241,7 +241,8 @@ def build_shard_gpu(task, decode=None) -> tuple[int, object, list[dict], str | N
             except torch.OutOfMemoryError as e:   # (nvJPEG's own calls split themselves: _decode_split)
                 return index, None, [], (f"the GPU ran out of memory on shard {index} near {chunk[0].path} "
                                          f"({str(e).splitlines()[0][:120]}); free GPU memory (another "
-                                         f"process on it?) and rerun to resume, or leave --decoder out")
+                                         f"process on it?) and rerun to resume, with fewer --workers (each "
+                                         f"has its own GPU context), or leave --decoder out")
             for item, res in zip(chunk, results):
                 error = jobs.take(writer, quarantined, item, res, on_error)
                 if error:
