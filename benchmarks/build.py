@@ -74,7 +74,7 @@ GPU_VARIANTS = {   # name -> (FASTDATA_BUILD_ENGINES, in --workers processes, el
 def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int) -> tuple[list[dict], str]:
     """build-cache --decoder nvjpeg in each GPU_VARIANTS setting, alternating, two reps after a warm-up build.
     Per rep a full build and one of half the shards (part 0 of 2): their difference is the rate once every
-    process has started, which a spawned process pool (torch import, CUDA context) hides in a short build.
+    process has started, which a process pool's start (fork from the forkserver, CUDA context) hides in a short build.
     Processes: --workers of them (the default: every usable CPU)."""
     from fastdata.cache.build import BuildConfig, build_cache
 

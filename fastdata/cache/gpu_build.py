@@ -256,10 +256,9 @@ def _torchvision(datas: list) -> list[torch.Tensor]:
 
 
 def engine_decode():
-    """The shard threads' decoder: gpu_engines.EngineDecode on this GPU where FASTDATA_BUILD_ENGINES=1, else
-    None (torchvision's). Opt-in until measured faster: its first H100 run built at 0.55x of the torchvision
-    path (build-H100-80GB-HBM3-2026-12-05-engines-default-stream.md); the per-shard stream that followed,
-    the suspected fix, has not had a GPU run yet."""
+    """The shard decoder: gpu_engines.EngineDecode on this GPU where FASTDATA_BUILD_ENGINES=1, else None
+    (torchvision's). Opt-in: with a stream per shard it built at 0.96x of the torchvision path in threads
+    (build-H100-80GB-HBM3-2026-12-06.md) and 0.93x in 16 processes (-processes16.md)."""
     from .gpu_engines import EngineDecode
 
     if os.environ.get("FASTDATA_BUILD_ENGINES") != "1" or not torch.cuda.is_available():
