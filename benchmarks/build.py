@@ -63,19 +63,81 @@ def pixel_difference(a: Path, b: Path) -> tuple[float, float]:
     return float(np.mean(per)), float(np.max(per))
 
 
-GPU_VARIANTS = {   # name -> (FASTDATA_BUILD_ENGINES, in --workers processes, else shard threads in one process)
-    "threads, torchvision": ("0", False),
-    "threads, engines": ("1", False),
-    "processes, torchvision": ("0", True),
-    "processes, engines": ("1", True),
+GPU_VARIANTS = {   # name -> (environment, processes given --workers W: 0 is shard threads in one process)
+    "threads, torchvision": ({"FASTDATA_BUILD_ENGINES": "0"}, lambda w: 0),
+    "threads, engines": ({"FASTDATA_BUILD_ENGINES": "1"}, lambda w: 0),
+    "processes, torchvision": ({"FASTDATA_BUILD_ENGINES": "0"}, lambda w: w),
+    "processes, engines": ({"FASTDATA_BUILD_ENGINES": "1"}, lambda w: w),
+    # GPU processes beside CPU-codec ones (FASTDATA_BUILD_CPU_PROCESSES), all on one shard queue
+    "W-4 GPU + 4 CPU processes": ({"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_CPU_PROCESSES": "4"},
+                                  lambda w: w - 4),
+    "W GPU + 4 CPU processes": ({"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_CPU_PROCESSES": "4"}, lambda w: w),
+    "W/2 GPU + W/2 CPU processes": ({"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_CPU_PROCESSES": "W/2"},
+                                    lambda w: w // 2),
 }
 
 
-def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int) -> tuple[list[dict], str]:
-    """build-cache --decoder nvjpeg in each GPU_VARIANTS setting, alternating, two reps after a warm-up build.
-    Per rep a full build and one of half the shards (part 0 of 2): their difference is the rate once every
-    process has started, which a process pool's start (fork from the forkserver, CUDA context) hides in a short build.
-    Processes: --workers of them (the default: every usable CPU)."""
+class Utilization:
+    """Mean CPU busy fraction (/proc/stat, all CPUs) and NVML GPU and JPEG-engine utilization while inside
+    the block: which of them a build saturates. Samples every 0.25 s on a thread; NVML adds no CUDA context."""
+
+    def __init__(self):
+        import threading
+
+        self.samples: list[tuple] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _cpu() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]          # (total, idle + iowait) jiffies
+
+    def _run(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # noqa: BLE001 - no NVML here: CPU only
+            h = None
+        last = self._cpu()
+        while not self._stop.wait(0.25):
+            now = self._cpu()
+            busy = 1 - (now[1] - last[1]) / max(1, now[0] - last[0])
+            last = now
+            gpu = jpg = float("nan")
+            if h is not None:
+                try:
+                    gpu = pynvml.nvmlDeviceGetUtilizationRates(h).gpu / 100
+                    jpg = pynvml.nvmlDeviceGetJpgUtilization(h)[0] / 100
+                except Exception:  # noqa: BLE001 - an older driver lacks the JPEG counter
+                    pass
+            self.samples.append((busy, gpu, jpg))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def means(self) -> dict:
+        import numpy as np
+
+        a = np.array(self.samples or [(np.nan,) * 3])
+        return {k: f"{np.nanmean(a[:, i]):.0%}" if not np.all(np.isnan(a[:, i])) else "-"
+                for i, k in enumerate(("CPU busy", "GPU util", "JPG util"))}
+
+
+def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int,
+             only: list[str] | None = None) -> tuple[list[dict], str]:
+    """build-cache --decoder nvjpeg in each GPU_VARIANTS setting (or `only` those), alternating, two reps after a
+    warm-up build. Per rep a full build and one of half the shards (part 0 of 2): their difference is the rate
+    once every process has started, which a process pool's start (fork from the forkserver, CUDA context) hides
+    in a short build. W is --workers (the default: every usable CPU). Utilization is the full builds' mean."""
     from fastdata.cache.build import BuildConfig, build_cache
 
     def one(dest: str, **kw):
@@ -84,25 +146,35 @@ def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int) -> tup
         shutil.rmtree(tmp / dest, ignore_errors=True)   # (the disk holds the next one)
         return r
 
-    processes = str(workers)
+    variants = {k: v for k, v in GPU_VARIANTS.items() if not only or k in only}
     one("gpu-warm", part=(0, 20), workers=0)
     wall: dict[str, float] = {}
     steady: dict[str, float] = {}
+    used: dict[str, dict] = {}
+    saved = {k: os.environ.get(k) for k in ("FASTDATA_BUILD_ENGINES", "FASTDATA_BUILD_CPU_PROCESSES")}
     for k in range(2):
-        for j, (name, (engines, in_processes)) in enumerate(GPU_VARIANTS.items()):
-            os.environ["FASTDATA_BUILD_ENGINES"] = engines
-            n = workers if in_processes else 0
-            full, half = one(f"gpu-{k}-{j}", workers=n), one(f"gpu-{k}-{j}-half", part=(0, 2), workers=n)
+        for j, (name, (env, processes)) in enumerate(variants.items()):
+            os.environ.update({e: v.replace("W/2", str(workers // 2)) for e, v in env.items()})
+            os.environ.setdefault("FASTDATA_BUILD_CPU_PROCESSES", "0")
+            n = processes(workers)
+            with Utilization() as u:
+                full = one(f"gpu-{k}-{j}", workers=n)
+            half = one(f"gpu-{k}-{j}-half", part=(0, 2), workers=n)
+            os.environ["FASTDATA_BUILD_CPU_PROCESSES"] = "0"
             wall[name] = max(wall.get(name, 0.0), full.written / full.seconds)
             if full.seconds > half.seconds:
-                steady[name] = max(steady.get(name, 0.0), (full.written - half.written) / (full.seconds - half.seconds))
-    os.environ.pop("FASTDATA_BUILD_ENGINES")
+                rate = (full.written - half.written) / (full.seconds - half.seconds)
+                if rate > steady.get(name, 0.0):
+                    steady[name], used[name] = rate, u.means()
+    for k, v in saved.items():
+        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     rows = []
     for name, rate in wall.items():
-        for what, r in ((f"{name}{'' if 'threads' in name else ' x' + processes}", rate),
-                        (f"{name}, after start-up", steady.get(name, 0.0))):
+        label = name.replace("W/2", str(workers // 2)).replace("W-4", str(workers - 4)).replace("W ", f"{workers} ")
+        for what, r, extra in ((f"{label}{' x' + str(workers) if name.startswith('processes') else ''}", rate, {}),
+                               (f"{label}, after start-up", steady.get(name, 0.0), used.get(name, {}))):
             rows.append({"what": f"build-cache --encode raw --decoder nvjpeg (GPU: {what})", "img/s": r,
-                         "img/s/core": r / workers, "vs plain x workers": f"{r / (plain * workers):.0%}"})
+                         "img/s/core": r / workers, "vs plain x workers": f"{r / (plain * workers):.0%}", **extra})
     return rows, _gpu_pixels(src, tmp, size)
 
 
@@ -129,6 +201,7 @@ def main() -> None:
     ap.add_argument("--photos", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--gpu-only", action="store_true", help="leave out the CPU builds (the plain rate stays)")
+    ap.add_argument("--variants", default=None, help="GPU_VARIANTS names separated by ; (default: all)")
     a = ap.parse_args()
     from fastdata._util import usable_cpus
     from fastdata.cache.build import BuildConfig, build_cache
@@ -156,14 +229,15 @@ def main() -> None:
                          "img/s/core": rate / workers, "vs plain x workers": f"{rate / (plain * workers):.0%}"})
         gpu_note = ""
         if gpu_decoder_ok():
-            extra, gpu_note = gpu_rows(src, tmp, a.size, plain, workers)
+            extra, gpu_note = gpu_rows(src, tmp, a.size, plain, workers,
+                                           a.variants.split(";") if a.variants else None)
             rows += extra
         notes = (f"{len(files)} JPEGs of 500x375 (q90) made from skimage/sklearn photos; size {a.size}, "
                  f"h5 shards, page cache warm, best of two runs per row. Goal (issue 21): build >= 150% of plain-PIL rate x cores. The codec uses "
                  f"libjpeg DCT-domain downscaling (PIL draft), which is why it beats plain PIL per core."
                  f"{gpu_note} Rerun: `python benchmarks/build.py --per-class {a.per_class} --size {a.size}"
                  f"{' --gpu-only' if a.gpu_only else ''}`.")
-        write("build", rows, ["what", "img/s", "img/s/core", "vs plain x workers"], notes,
+        write("build", rows, ["what", "img/s", "img/s/core", "vs plain x workers", "CPU busy", "GPU util", "JPG util"], notes,
               Path(a.out) if a.out else None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -154,6 +154,35 @@ def test_shard_processes_build_the_same_cache_as_shard_threads(messy_folder, tmp
     assert tk == pk and np.array_equal(tp, pp)
 
 
+def test_cpu_processes_beside_gpu_ones_build_the_same_samples(messy_folder, tmp_path, monkeypatch):
+    """FASTDATA_BUILD_CPU_PROCESSES=1 beside one GPU process: both take shards from one queue; the cache holds
+    every sample once, quarantines as the GPU build does, and its pixels are the CPU codec's or the GPU's."""
+    gpu = _gpu_build(monkeypatch, messy_folder, tmp_path / "gpu")
+    monkeypatch.setenv("FASTDATA_BUILD_CPU_PROCESSES", "1")
+    mixed = _gpu_build(monkeypatch, messy_folder, tmp_path / "mixed", workers=1, shard_size="300KB")
+    assert verify_cache(tmp_path / "mixed").ok and len(mixed.manifest.shards) > 2
+    assert [q["path"] for q in mixed.manifest.quarantined] == [q["path"] for q in gpu.manifest.quarantined]
+    (gk, gp), (mk, mp) = _pixels(tmp_path / "gpu"), _pixels(tmp_path / "mixed")
+    assert gk == mk and gp.shape == mp.shape
+    assert np.abs(gp.astype(int) - mp.astype(int)).mean() < 3     # (draft decoding differs by a level or so)
+
+
+def test_build_processes_take_their_roles_in_start_order(monkeypatch):
+    """The first `gpu` processes decode on the GPU, the rest with the CPU codec (and never open CUDA)."""
+    import multiprocessing as mp
+
+    monkeypatch.setattr(gpu_build, "engine_decode", lambda: None)
+    roles = mp.get_context("fork").Value("i", 0)
+    got = []
+    for _ in range(3):
+        gpu_build._init_gpu_worker(None, pil_as_nvjpeg, roles, gpu=2)
+        got.append(gpu_build._worker_decode)
+    assert got == [pil_as_nvjpeg, pil_as_nvjpeg, gpu_build.CPU_ROLE]
+    monkeypatch.setenv("FASTDATA_BUILD_CPU_PROCESSES", "two")
+    with pytest.raises(BuildError, match="FASTDATA_BUILD_CPU_PROCESSES='two'"):
+        gpu_build.cpu_processes(4, 2)
+
+
 def test_a_script_without_a_main_guard_is_told_to_add_one(messy_folder, tmp_path):
     """The shard processes import the __main__ script first, as spawn does: an unguarded script would start
     the build again inside each of them, which multiprocessing refuses, and the pool breaks."""

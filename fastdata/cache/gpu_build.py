@@ -282,25 +282,49 @@ def shard_processes(workers: int) -> int:
     return max(1, min(workers, free // PROCESS_GPU_BYTES))
 
 
-_worker_decode = None
+_worker_decode = None   # this process's batch decoder; CPU_ROLE: it builds with the CPU codec instead
+CPU_ROLE = "cpu"
 
 
-def _init_gpu_worker(counter, decode) -> None:
-    """A GPU build process: the build worker's signals and progress counter, and its decoder (the engines
-    where FASTDATA_BUILD_ENGINES=1, else `decode`: nvjpeg_decode, or the CPU tests' stand-in)."""
+def cpu_processes(workers: int, gpu: int) -> int:
+    """Shard processes that decode with the CPU codec beside `gpu` GPU ones, from FASTDATA_BUILD_CPU_PROCESSES
+    (default 0). Why a mix: a GPU shard process leaves its CPU partly idle while the GPU decodes, and a CPU
+    process beside it takes a whole shard off the shared queue (trial: build-*-mix.md)."""
+    raw = os.environ.get("FASTDATA_BUILD_CPU_PROCESSES", "0")
+    try:
+        n = int(raw)
+    except ValueError:
+        raise BuildError(f"FASTDATA_BUILD_CPU_PROCESSES={raw!r}: give a whole number of processes") from None
+    return max(0, n) if workers > 0 else 0
+
+
+def _init_gpu_worker(counter, decode, roles=None, gpu: int = 0) -> None:
+    """A build process of gpu_map: the build worker's signals and progress counter, then its role, taken in
+    start order from the shared `roles` count: the first `gpu` decode on the GPU (the engines where
+    FASTDATA_BUILD_ENGINES=1, else `decode`: nvjpeg_decode, or the CPU tests' stand-in), the rest with the
+    CPU codec (and never touch CUDA)."""
     global _worker_decode
     jobs._init_worker(counter)
+    if roles is not None:
+        with roles.get_lock():
+            role, roles.value = roles.value, roles.value + 1
+        if role >= gpu:
+            _worker_decode = CPU_ROLE
+            return
     _worker_decode = engine_decode() or decode
 
 
 def _worker_shard(task):
+    if _worker_decode == CPU_ROLE:
+        return jobs.build_shard(task)
     return build_shard_gpu(task, _worker_decode)
 
 
 def gpu_map(counter, workers: int):
     """Where --decoder nvjpeg's shard jobs run: shard_processes(workers) processes (not forked from this one: a
     child of a process that has touched CUDA cannot use it), each building one shard at a time with its own
-    CUDA context; or, for workers=0, gpu_shard_map's threads in this process. Results in completion order."""
+    CUDA context, plus cpu_processes() that build with the CPU codec, all taking shards from one queue; or,
+    for workers=0, gpu_shard_map's threads in this process. Results in completion order."""
     processes = shard_processes(workers)
     if not processes:
         return gpu_shard_map(counter)
@@ -311,8 +335,9 @@ def gpu_map(counter, workers: int):
     # forked from a server process that imported these once and never touched CUDA (its first start is a
     # spawn), rather than each worker spawned and importing torch itself
     mp.set_forkserver_preload(["fastdata.cache.gpu_build", "torchvision.io"])
-    return process_map(processes, counter, _worker_shard, start="forkserver", init=_init_gpu_worker,
-                       init_args=(counter, nvjpeg_decode))
+    roles = mp.get_context("forkserver").Value("i", 0)
+    return process_map(processes + cpu_processes(workers, processes), counter, _worker_shard, start="forkserver",
+                       init=_init_gpu_worker, init_args=(counter, nvjpeg_decode, roles, processes))
 
 
 @contextlib.contextmanager
