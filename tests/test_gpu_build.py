@@ -207,13 +207,23 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(messy_folder, tmp_path
 
 def test_shard_processes_are_capped_by_free_gpu_memory(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (10 * gpu_build.PROCESS_GPU_BYTES + 1, 1 << 40))
+    monkeypatch.setattr(gpu_build, "free_gpu_bytes", lambda: 10 * gpu_build.PROCESS_GPU_BYTES + 1)
     assert gpu_build.shard_processes(16) == 10
     assert gpu_build.shard_processes(4) == 4
     assert gpu_build.shard_processes(0) == 0           # --workers 0: threads in this process
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (1 << 20, 1 << 40))
+    monkeypatch.setattr(gpu_build, "free_gpu_bytes", lambda: 1 << 20)
     assert gpu_build.shard_processes(16) == 1          # a full GPU still gets one process (which may then
                                                        # end with the one-line out-of-memory message)
+
+
+def test_free_gpu_memory_falls_back_to_cuda_where_nvml_is_missing(monkeypatch):
+    import pynvml
+
+    def missing():
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    monkeypatch.setattr(pynvml, "nvmlInit", missing)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (7 << 30, 80 << 30))
+    assert gpu_build.free_gpu_bytes() == 7 << 30
 
 
 def test_on_error_raise_names_the_file(messy_folder, tmp_path, monkeypatch):

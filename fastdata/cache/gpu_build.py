@@ -278,8 +278,21 @@ def shard_processes(workers: int) -> int:
     did, 16 processes 1.19x of 16 x plain PIL (build-H100-80GB-HBM3-2026-12-06-processes{8,16}.md)."""
     if workers <= 0 or not torch.cuda.is_available():
         return max(0, workers)
-    free, _ = torch.cuda.mem_get_info()
-    return max(1, min(workers, free // PROCESS_GPU_BYTES))
+    return max(1, min(workers, free_gpu_bytes() // PROCESS_GPU_BYTES))
+
+
+def free_gpu_bytes() -> int:
+    """Free memory of CUDA device 0, from NVML: torch.cuda.mem_get_info would open a CUDA context in this
+    process, ~0.5 GB of the GPU that the shard processes then lack for the whole build."""
+    try:
+        import pynvml as nv
+
+        from ..monitor.nvml import nvml_handle
+
+        nv.nvmlInit()
+        return int(nv.nvmlDeviceGetMemoryInfo(nvml_handle(nv, 0)).free)
+    except Exception:  # noqa: BLE001 - no NVML (a container without the library): ask CUDA
+        return int(torch.cuda.mem_get_info()[0])
 
 
 _worker_decode = None   # this process's batch decoder; CPU_ROLE: it builds with the CPU codec instead

@@ -23,7 +23,8 @@ class SamplerConfig:
     device_index: int = 0         # CUDA device index (mapped to NVML by UUID when possible)
 
 
-def _nvml_handle(nv, cuda_index: int):
+def nvml_handle(nv, cuda_index: int):
+    """NVML's handle of CUDA device `cuda_index` (matched by UUID, so CUDA_VISIBLE_DEVICES is honoured)."""
     try:
         import torch
 
@@ -47,7 +48,7 @@ class GpuSampler:
             import pynvml as nv
 
             nv.nvmlInit()
-            self._nv, self._handle = nv, _nvml_handle(nv, cfg.device_index)
+            self._nv, self._handle = nv, nvml_handle(nv, cfg.device_index)
             self.available = True
             self.gpm = bool(nv.nvmlGpmQueryDeviceSupport(self._handle).isSupportedDevice)
             if not self.gpm:

@@ -272,3 +272,14 @@ def test_nvjpeg_loader_turns_phone_photos_as_pil_does(tmp_path):
     # normalised units: resize filters differ by ~0.14 on this pattern (DALI against pil on the CPU box,
     # every orientation alike); a sideways image differs by ~1
     assert diff.max() < 0.4 and diff.max() - diff.min() < 0.1
+
+
+def test_free_gpu_memory_from_nvml_agrees_with_cuda():
+    """shard_processes asks NVML (no CUDA context in the parent); it must see what CUDA sees, give or take
+    the context that mem_get_info itself opens."""
+    from fastdata.cache.gpu_build import free_gpu_bytes
+
+    nvml = free_gpu_bytes()
+    cuda = torch.cuda.mem_get_info()[0]
+    print(f"free GPU memory: NVML {nvml / 2**30:.2f} GiB, CUDA {cuda / 2**30:.2f} GiB")
+    assert abs(nvml - cuda) < 2 << 30
