@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import multiprocessing as mp
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -141,20 +140,16 @@ def _run(cfg: BuildConfig, dest: Path, items: tuple[Item, ...], journal: Journal
     tasks = [(k, items[k * per:(k + 1) * per], cfg.codec(), cfg.format, str(dest), cfg.on_error, store)
              for k in todo]
     workers = min(len(tasks), usable_cpus() if cfg.workers is None else cfg.workers)
-    # the progress counter: a fork-context one has no resource-tracker process behind it, but reaches only
-    # forked workers; the GPU build's shard processes come from a forkserver
-    gpu_processes = cfg.decoder == "nvjpeg" and workers > 0
-    counter = mp.get_context("forkserver" if gpu_processes else "fork").Value("q", 0)
     done_before = len(items) - sum(len(t[1]) for t in tasks)
     sizes = {t[0]: len(t[1]) for t in tasks}
     written, finished = 0, done_before
     if cfg.decoder == "nvjpeg":          # this machine's GPU decodes, in the workers or in threads here
         from .gpu_build import gpu_map
 
-        shards = gpu_map(counter, workers)
+        shards = gpu_map(workers)
     else:
-        shards = shard_map(cfg.executor, workers, counter)
-    with shards as run, tqdm(
+        shards = shard_map(cfg.executor, workers)
+    with shards as (run, counter), tqdm(
             total=len(items), initial=done_before, unit="img", disable=not cfg.progress,
             desc=f"build {dest.name}", dynamic_ncols=True, smoothing=0.05,
             mininterval=0.1 if sys.stderr.isatty() else 30.0) as bar:   # a log file (Slurm): a line each 30 s

@@ -1,7 +1,8 @@
 """Where shard jobs run: this process, a local process pool, or a Dask cluster.
 
-``shard_map(executor, workers, counter)`` yields a function from shard tasks to an iterator of
-their results, in completion order. Executors:
+``shard_map(executor, workers)`` yields (run, counter): run maps shard tasks to an iterator of their
+results, in completion order; counter.value is the items the workers have done so far (a progress bar
+reads it between shards). Executors:
 
   local              fork-based process pool of ``workers`` (0: this process). fork, not spawn:
                      spawn re-imports __main__, which breaks stdin scripts and notebooks.
@@ -26,15 +27,23 @@ from .jobs import _init_worker, build_shard
 RETRIES = 3
 
 
+def progress_counter(start: str = "fork"):
+    """The items-done count that workers started by `start` share. A fork-context one has no resource-tracker
+    process behind it, but reaches only forked workers: a spawn-context one left a tracker that a SIGTERM test
+    caught about 1 run in 3 under load."""
+    return mp.get_context(start).Value("q", 0)
+
+
 @contextlib.contextmanager
-def shard_map(executor: str, workers: int, counter, fn=build_shard):
+def shard_map(executor: str, workers: int, fn=build_shard):
+    counter = progress_counter()
     if executor == "local":
         with process_map(workers, counter, fn) as run:
-            yield run
+            yield run, counter
     else:
         address = executor[len("dask://"):] if executor.startswith("dask://") else None
         with dask_map(address, workers, fn) as run:
-            yield run
+            yield run, counter          # (a cluster's workers do not share it: it stays 0)
 
 
 @contextlib.contextmanager

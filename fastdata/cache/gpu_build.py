@@ -333,24 +333,30 @@ def _worker_shard(task):
     return build_shard_gpu(task, _worker_decode)
 
 
-def gpu_map(counter, workers: int):
+@contextlib.contextmanager
+def gpu_map(workers: int):
     """Where --decoder nvjpeg's shard jobs run: shard_processes(workers) processes (not forked from this one: a
     child of a process that has touched CUDA cannot use it), each building one shard at a time with its own
     CUDA context, plus cpu_processes() that build with the CPU codec, all taking shards from one queue; or,
-    for workers=0, gpu_shard_map's threads in this process. Results in completion order."""
-    processes = shard_processes(workers)
-    if not processes:
-        return gpu_shard_map(counter)
+    for workers=0, gpu_shard_map's threads in this process. Yields (run, counter), as executors.shard_map."""
     import multiprocessing as mp
 
-    from .executors import process_map
+    from .executors import process_map, progress_counter
+
+    processes = shard_processes(workers)
+    if not processes:
+        counter = progress_counter()
+        with gpu_shard_map(counter) as run:
+            yield run, counter
+        return
 
     # forked from a server process that imported these once and never touched CUDA (its first start is a
     # spawn), rather than each worker spawned and importing torch itself
     mp.set_forkserver_preload(["fastdata.cache.gpu_build", "torchvision.io"])
-    roles = mp.get_context("forkserver").Value("i", 0)
-    return process_map(processes + cpu_processes(workers, processes), counter, _worker_shard, start="forkserver",
-                       init=_init_gpu_worker, init_args=(counter, nvjpeg_decode, roles, processes))
+    counter, roles = progress_counter("forkserver"), mp.get_context("forkserver").Value("i", 0)
+    with process_map(processes + cpu_processes(workers, processes), counter, _worker_shard, start="forkserver",
+                     init=_init_gpu_worker, init_args=(counter, nvjpeg_decode, roles, processes)) as run:
+        yield run, counter
 
 
 @contextlib.contextmanager
