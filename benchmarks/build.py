@@ -66,14 +66,19 @@ def pixel_difference(a: Path, b: Path) -> tuple[float, float]:
 GPU_VARIANTS = {   # name -> (environment, processes given --workers W: 0 is shard threads in one process)
     "threads, torchvision": ({"FASTDATA_BUILD_ENGINES": "0"}, lambda w: 0),
     "threads, engines": ({"FASTDATA_BUILD_ENGINES": "1"}, lambda w: 0),
-    "processes, torchvision": ({"FASTDATA_BUILD_ENGINES": "0"}, lambda w: w),
-    "processes, engines": ({"FASTDATA_BUILD_ENGINES": "1"}, lambda w: w),
-    # GPU processes beside CPU-codec ones (FASTDATA_BUILD_CPU_PROCESSES), all on one shard queue
-    "W-4 GPU + 4 CPU processes": ({"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_CPU_PROCESSES": "4"},
-                                  lambda w: w - 4),
-    "W GPU + 4 CPU processes": ({"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_CPU_PROCESSES": "4"}, lambda w: w),
-    "W/2 GPU + W/2 CPU processes": ({"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_CPU_PROCESSES": "W/2"},
-                                    lambda w: w // 2),
+    # FASTDATA_BUILD_CPU_PROCESSES of the W processes build with the CPU codec ("" : the default split)
+    "processes, torchvision, GPU only": ({"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_CPU_PROCESSES": "0"},
+                                         lambda w: w),
+    "processes, engines, GPU only": ({"FASTDATA_BUILD_ENGINES": "1", "FASTDATA_BUILD_CPU_PROCESSES": "0"},
+                                     lambda w: w),
+    "processes, torchvision, default split": ({"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_CPU_PROCESSES": ""},
+                                              lambda w: w),
+    "processes, engines, default split": ({"FASTDATA_BUILD_ENGINES": "1", "FASTDATA_BUILD_CPU_PROCESSES": ""},
+                                          lambda w: w),
+    "processes, torchvision, 2 CPU": ({"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_CPU_PROCESSES": "2"},
+                                      lambda w: w),
+    "processes, torchvision, 6 CPU": ({"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_CPU_PROCESSES": "6"},
+                                      lambda w: w),
 }
 
 
@@ -114,7 +119,7 @@ class Utilization:
                     jpg = pynvml.nvmlDeviceGetJpgUtilization(h)[0] / 100
                 except Exception:  # noqa: BLE001 - an older driver lacks the JPEG counter
                     pass
-            self.samples.append((busy, gpu, jpg))
+            self.samples.append((time.perf_counter(), busy, gpu, jpg))
 
     def __enter__(self):
         self._thread.start()
@@ -124,10 +129,13 @@ class Utilization:
         self._stop.set()
         self._thread.join()
 
-    def means(self) -> dict:
+    def means(self, last_s: float | None = None) -> dict:
+        """Means over the block, or over its last `last_s` seconds (a build once its processes have started)."""
         import numpy as np
 
-        a = np.array(self.samples or [(np.nan,) * 3])
+        end = self.samples[-1][0] if self.samples else 0.0
+        kept = [x[1:] for x in self.samples if last_s is None or x[0] >= end - last_s]
+        a = np.array(kept or [(np.nan,) * 3])
         return {k: f"{np.nanmean(a[:, i]):.0%}" if not np.all(np.isnan(a[:, i])) else "-"
                 for i, k in enumerate(("CPU busy", "GPU util", "JPG util"))}
 
@@ -137,7 +145,8 @@ def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int,
     """build-cache --decoder nvjpeg in each GPU_VARIANTS setting (or `only` those), alternating, two reps after a
     warm-up build. Per rep a full build and one of half the shards (part 0 of 2): their difference is the rate
     once every process has started, which a process pool's start (fork from the forkserver, CUDA context) hides
-    in a short build. W is --workers (the default: every usable CPU). Utilization is the full builds' mean."""
+    in a short build. W is --workers (the default: every usable CPU). Utilization is the full build's mean over
+    its last (full - half) seconds, the part after start-up."""
     from fastdata.cache.build import BuildConfig, build_cache
 
     def one(dest: str, **kw):
@@ -146,34 +155,35 @@ def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int,
         shutil.rmtree(tmp / dest, ignore_errors=True)   # (the disk holds the next one)
         return r
 
+    from fastdata.cache.gpu_build import process_split
+
     variants = {k: v for k, v in GPU_VARIANTS.items() if not only or k in only}
     one("gpu-warm", part=(0, 20), workers=0)
     wall: dict[str, float] = {}
     steady: dict[str, float] = {}
     used: dict[str, dict] = {}
+    labels: dict[str, str] = {}
     saved = {k: os.environ.get(k) for k in ("FASTDATA_BUILD_ENGINES", "FASTDATA_BUILD_CPU_PROCESSES")}
     for k in range(2):
         for j, (name, (env, processes)) in enumerate(variants.items()):
-            os.environ.update({e: v.replace("W/2", str(workers // 2)) for e, v in env.items()})
-            os.environ.setdefault("FASTDATA_BUILD_CPU_PROCESSES", "0")
+            os.environ.update(env)
             n = processes(workers)
+            labels[name] = f"{name} ({'%d GPU + %d CPU processes' % process_split(n) if n else 'threads'})"
             with Utilization() as u:
                 full = one(f"gpu-{k}-{j}", workers=n)
             half = one(f"gpu-{k}-{j}-half", part=(0, 2), workers=n)
-            os.environ["FASTDATA_BUILD_CPU_PROCESSES"] = "0"
             wall[name] = max(wall.get(name, 0.0), full.written / full.seconds)
             if full.seconds > half.seconds:
                 rate = (full.written - half.written) / (full.seconds - half.seconds)
                 if rate > steady.get(name, 0.0):
-                    steady[name], used[name] = rate, u.means()
+                    steady[name], used[name] = rate, u.means(last_s=full.seconds - half.seconds)
     for k, v in saved.items():
         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     rows = []
     for name, rate in wall.items():
-        label = name.replace("W/2", str(workers // 2)).replace("W-4", str(workers - 4)).replace("W ", f"{workers} ")
-        for what, r, extra in ((f"{label}{' x' + str(workers) if name.startswith('processes') else ''}", rate, {}),
-                               (f"{label}, after start-up", steady.get(name, 0.0), used.get(name, {}))):
-            rows.append({"what": f"build-cache --encode raw --decoder nvjpeg (GPU: {what})", "img/s": r,
+        for what, r, extra in ((labels[name], rate, {}),
+                               (f"{labels[name]}, after start-up", steady.get(name, 0.0), used.get(name, {}))):
+            rows.append({"what": f"build-cache --encode raw --decoder nvjpeg ({what})", "img/s": r,
                          "img/s/core": r / workers, "vs plain x workers": f"{r / (plain * workers):.0%}", **extra})
     return rows, _gpu_pixels(src, tmp, size)
 

@@ -159,7 +159,7 @@ def test_cpu_processes_beside_gpu_ones_build_the_same_samples(messy_folder, tmp_
     every sample once, quarantines as the GPU build does, and its pixels are the CPU codec's or the GPU's."""
     gpu = _gpu_build(monkeypatch, messy_folder, tmp_path / "gpu")
     monkeypatch.setenv("FASTDATA_BUILD_CPU_PROCESSES", "1")
-    mixed = _gpu_build(monkeypatch, messy_folder, tmp_path / "mixed", workers=1, shard_size="300KB")
+    mixed = _gpu_build(monkeypatch, messy_folder, tmp_path / "mixed", workers=2, shard_size="300KB")
     assert verify_cache(tmp_path / "mixed").ok and len(mixed.manifest.shards) > 2
     assert [q["path"] for q in mixed.manifest.quarantined] == [q["path"] for q in gpu.manifest.quarantined]
     (gk, gp), (mk, mp) = _pixels(tmp_path / "gpu"), _pixels(tmp_path / "mixed")
@@ -180,7 +180,25 @@ def test_build_processes_take_their_roles_in_start_order(monkeypatch):
     assert got == [pil_as_nvjpeg, pil_as_nvjpeg, gpu_build.CPU_ROLE]
     monkeypatch.setenv("FASTDATA_BUILD_CPU_PROCESSES", "two")
     with pytest.raises(BuildError, match="FASTDATA_BUILD_CPU_PROCESSES='two'"):
-        gpu_build.cpu_processes(4, 2)
+        gpu_build.process_split(4)
+
+
+def test_a_quarter_of_the_build_processes_decode_on_the_cpu(monkeypatch):
+    """--workers N: N // 4 CPU-codec processes by default, the rest on the GPU as far as its memory goes,
+    and the CPU codec takes the processes the GPU cannot hold; always one GPU process."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_build, "free_gpu_bytes", lambda: 1 << 50)
+    monkeypatch.delenv("FASTDATA_BUILD_CPU_PROCESSES", raising=False)
+    assert gpu_build.process_split(16) == (12, 4)
+    assert gpu_build.process_split(3) == (3, 0)
+    assert gpu_build.process_split(0) == (0, 0)             # --workers 0: threads in this process
+    monkeypatch.setenv("FASTDATA_BUILD_CPU_PROCESSES", "0")
+    assert gpu_build.process_split(16) == (16, 0)
+    monkeypatch.setenv("FASTDATA_BUILD_CPU_PROCESSES", "99")
+    assert gpu_build.process_split(16) == (1, 15)
+    monkeypatch.delenv("FASTDATA_BUILD_CPU_PROCESSES")
+    monkeypatch.setattr(gpu_build, "free_gpu_bytes", lambda: 10 * gpu_build.PROCESS_GPU_BYTES)
+    assert gpu_build.process_split(16) == (10, 6)
 
 
 def test_a_script_without_a_main_guard_is_told_to_add_one(messy_folder, tmp_path):

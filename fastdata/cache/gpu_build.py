@@ -6,9 +6,10 @@ Why: on the H200 machine's 16 vCPUs a PIL build of 500x375 JPEGs ran at 3.7k img
 the single-process rate (benchmarks/results/build-H200-2026-12-04.md): the vCPUs are hyperthreads
 and full-size decoding dominates. The GPU's JPEG engines decode ~25k small images a second
 (decode.py), so the build becomes bound by reading files and writing shards. Shards are built in
-`--workers` processes (shard_processes, gpu_map), each with its own decoder: in one process, torchvision's
+`--workers` processes (process_split, gpu_map), each with its own decoder: in one process, torchvision's
 decode calls queue behind one mutex, and 6 shard threads built at 0.6x of 16 x plain PIL where 16
-processes reached 1.19x (H100 host, build-H100-80GB-HBM3-2026-12-06-processes{8,16}.md).
+processes reached 1.19x (H100 host, build-H100-80GB-HBM3-2026-12-06-processes{8,16}.md). A quarter of
+the processes build with the CPU codec instead, using the CPU time that the GPU ones leave idle.
 
 The pixels are not the CPU codec's: nvJPEG's IDCT and chroma upsampling differ from libjpeg's, the
 CPU codec decodes at a reduced DCT scale where it can (codecs.py draft), and a crop box is rounded
@@ -299,16 +300,27 @@ _worker_decode = None   # this process's batch decoder; CPU_ROLE: it builds with
 CPU_ROLE = "cpu"
 
 
-def cpu_processes(workers: int, gpu: int) -> int:
-    """Shard processes that decode with the CPU codec beside `gpu` GPU ones, from FASTDATA_BUILD_CPU_PROCESSES
-    (default 0). Why a mix: a GPU shard process leaves its CPU partly idle while the GPU decodes, and a CPU
-    process beside it takes a whole shard off the shared queue (trial: build-*-mix.md)."""
-    raw = os.environ.get("FASTDATA_BUILD_CPU_PROCESSES", "0")
+CPU_SHARE = 4   # by default one build process in CPU_SHARE decodes with the CPU codec (process_split)
+
+
+def process_split(workers: int) -> tuple[int, int]:
+    """(GPU, CPU) shard processes for --decoder nvjpeg --workers N, all taking shards from one queue:
+    FASTDATA_BUILD_CPU_PROCESSES of them (default N // CPU_SHARE) build with the CPU codec, the rest decode on
+    the GPU, as many as its free memory holds (shard_processes), and the CPU codec takes any they leave.
+    Why a mix: a GPU shard process works through its shard serially (read, decode, copy back, hash, write) and
+    leaves most of its CPU idle. On the H100 host, after start-up, 12 GPU + 4 CPU processes built at 1.36x of
+    16 x plain PIL where 16 GPU processes built at 0.91x and 8 + 8 at 1.03x (build-H100-80GB-HBM3-2026-12-06-mix.md).
+    workers=0: (0, 0), shard threads in this process."""
+    if workers <= 0:
+        return 0, 0
+    raw = os.environ.get("FASTDATA_BUILD_CPU_PROCESSES", "")
     try:
-        n = int(raw)
+        cpu = int(raw) if raw.strip() else workers // CPU_SHARE
     except ValueError:
-        raise BuildError(f"FASTDATA_BUILD_CPU_PROCESSES={raw!r}: give a whole number of processes") from None
-    return max(0, n) if workers > 0 else 0
+        raise BuildError(f"FASTDATA_BUILD_CPU_PROCESSES={raw!r}: give a whole number of build processes that "
+                         f"decode on the CPU, or unset it") from None
+    gpu = shard_processes(workers - min(max(0, cpu), workers - 1))
+    return gpu, workers - gpu
 
 
 def _init_gpu_worker(counter, decode, roles=None, gpu: int = 0) -> None:
@@ -335,16 +347,16 @@ def _worker_shard(task):
 
 @contextlib.contextmanager
 def gpu_map(workers: int):
-    """Where --decoder nvjpeg's shard jobs run: shard_processes(workers) processes (not forked from this one: a
-    child of a process that has touched CUDA cannot use it), each building one shard at a time with its own
-    CUDA context, plus cpu_processes() that build with the CPU codec, all taking shards from one queue; or,
+    """Where --decoder nvjpeg's shard jobs run: `workers` processes (not forked from this one: a child of a
+    process that has touched CUDA cannot use it), each building one shard at a time, split by process_split into
+    GPU ones (each with its own CUDA context) and CPU-codec ones, all taking shards from one queue; or,
     for workers=0, gpu_shard_map's threads in this process. Yields (run, counter), as executors.shard_map."""
     import multiprocessing as mp
 
     from .executors import process_map, progress_counter
 
-    processes = shard_processes(workers)
-    if not processes:
+    gpu, cpu = process_split(workers)
+    if not gpu:
         counter = progress_counter()
         with gpu_shard_map(counter) as run:
             yield run, counter
@@ -354,8 +366,9 @@ def gpu_map(workers: int):
     # spawn), rather than each worker spawned and importing torch itself
     mp.set_forkserver_preload(["fastdata.cache.gpu_build", "torchvision.io"])
     counter, roles = progress_counter("forkserver"), mp.get_context("forkserver").Value("i", 0)
-    with process_map(processes + cpu_processes(workers, processes), counter, _worker_shard, start="forkserver",
-                     init=_init_gpu_worker, init_args=(counter, nvjpeg_decode, roles, processes)) as run:
+    log.info("build processes: %d decode on the GPU, %d on the CPU", gpu, cpu)
+    with process_map(gpu + cpu, counter, _worker_shard, start="forkserver", init=_init_gpu_worker,
+                     init_args=(counter, nvjpeg_decode, roles, gpu)) as run:
         yield run, counter
 
 
