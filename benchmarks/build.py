@@ -79,6 +79,10 @@ GPU_VARIANTS = {   # name -> (environment, processes given --workers W: 0 is sha
                                       lambda w: w),
     "processes, torchvision, 6 CPU": ({"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_CPU_PROCESSES": "6"},
                                       lambda w: w),
+    "processes, torchvision, 8 CPU": ({"FASTDATA_BUILD_ENGINES": "0", "FASTDATA_BUILD_CPU_PROCESSES": "8"},
+                                      lambda w: w),
+    "processes, engines, 6 CPU": ({"FASTDATA_BUILD_ENGINES": "1", "FASTDATA_BUILD_CPU_PROCESSES": "6"},
+                                  lambda w: w),
 }
 
 
@@ -177,6 +181,7 @@ def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int,
                 rate = (full.written - half.written) / (full.seconds - half.seconds)
                 if rate > steady.get(name, 0.0):
                     steady[name], used[name] = rate, u.means(last_s=full.seconds - half.seconds)
+                    used[name]["start-up s"] = f"{full.seconds - full.written / rate:.1f}"
     for k, v in saved.items():
         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     rows = []
@@ -206,6 +211,9 @@ def _gpu_pixels(src: Path, tmp: Path, size: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--per-class", type=int, default=60)
+    ap.add_argument("--copies", type=int, default=1,
+                    help="hard-link the folder's classes this many times: a build long enough that the processes' "
+                         "start-up does not swamp the rate after it, without generating more images")
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--photos", default=None)
@@ -221,6 +229,11 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="fastdata-bench-"))
     try:
         src = make_image_folder(tmp / "src", a.per_class, photos_dir=a.photos)
+        for c in sorted(src.iterdir()) if a.copies > 1 else ():
+            for k in range(1, a.copies):
+                (src / f"{c.name}-copy{k}").mkdir()
+                for p in c.iterdir():
+                    os.link(p, src / f"{c.name}-copy{k}" / p.name)
         files = sorted(src.rglob("*.jpg"))
         sub = files[:: max(1, len(files) // 400)]
         for p in files:  # warm the page cache: every row reads from memory
@@ -242,12 +255,12 @@ def main() -> None:
             extra, gpu_note = gpu_rows(src, tmp, a.size, plain, workers,
                                            a.variants.split(";") if a.variants else None)
             rows += extra
-        notes = (f"{len(files)} JPEGs of 500x375 (q90) made from skimage/sklearn photos; size {a.size}, "
+        notes = (f"{len(files)} JPEGs ({len(files) // a.copies} distinct) of 500x375 (q90) made from skimage/sklearn photos; size {a.size}, "
                  f"h5 shards, page cache warm, best of two runs per row. Goal (issue 21): build >= 150% of plain-PIL rate x cores. The codec uses "
                  f"libjpeg DCT-domain downscaling (PIL draft), which is why it beats plain PIL per core."
-                 f"{gpu_note} Rerun: `python benchmarks/build.py --per-class {a.per_class} --size {a.size}"
+                 f"{gpu_note} Rerun: `python benchmarks/build.py --per-class {a.per_class} --copies {a.copies} --size {a.size}"
                  f"{' --gpu-only' if a.gpu_only else ''}`.")
-        write("build", rows, ["what", "img/s", "img/s/core", "vs plain x workers", "CPU busy", "GPU util", "JPG util"], notes,
+        write("build", rows, ["what", "img/s", "img/s/core", "vs plain x workers", "start-up s", "CPU busy", "GPU util", "JPG util"], notes,
               Path(a.out) if a.out else None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
