@@ -87,13 +87,18 @@ GPU_VARIANTS = {   # name -> (environment, processes given --workers W: 0 is sha
 
 
 class Utilization:
-    """Mean CPU busy fraction (/proc/stat, all CPUs) and NVML GPU and JPEG-engine utilization while inside
-    the block: which of them a build saturates. Samples every 0.25 s on a thread; NVML adds no CUDA context."""
+    """While inside the block, every 0.25 s: the build's images done (its progress counter, caught as the build
+    makes it), the CPU busy fraction (/proc/stat, all CPUs), and NVML GPU and JPEG-engine utilization (NVML adds
+    no CUDA context). steady() gives the rate and the means between 20% and 90% of the images: the build once
+    every process has started and before the last shards leave workers idle, measured inside one build."""
+
+    LO, HI = 0.2, 0.9
 
     def __init__(self):
         import threading
 
         self.samples: list[tuple] = []
+        self.counters: list = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -123,35 +128,54 @@ class Utilization:
                     jpg = pynvml.nvmlDeviceGetJpgUtilization(h)[0] / 100
                 except Exception:  # noqa: BLE001 - an older driver lacks the JPEG counter
                     pass
-            self.samples.append((time.perf_counter(), busy, gpu, jpg))
+            done = sum(c.value for c in self.counters)
+            self.samples.append((time.perf_counter(), busy, gpu, jpg, done))
 
     def __enter__(self):
+        from fastdata.cache import executors
+
+        self._make = make = executors.progress_counter
+
+        def caught(*a, **kw):   # the build's counter (gpu_map and shard_map fetch it from executors at call time)
+            c = make(*a, **kw)
+            self.counters.append(c)
+            return c
+        executors.progress_counter = caught
+        self.t0 = time.perf_counter()
         self._thread.start()
         return self
 
     def __exit__(self, *exc):
+        from fastdata.cache import executors
+
+        executors.progress_counter = self._make
         self._stop.set()
         self._thread.join()
 
-    def means(self, last_s: float | None = None) -> dict:
-        """Means over the block, or over its last `last_s` seconds (a build once its processes have started)."""
+    def steady(self, total: int) -> dict:
+        """img/s between LO and HI of `total` images done, the means over those seconds, and the seconds
+        before the first image was done (start-up); empty where the build was too short to sample."""
         import numpy as np
 
-        end = self.samples[-1][0] if self.samples else 0.0
-        kept = [x[1:] for x in self.samples if last_s is None or x[0] >= end - last_s]
-        a = np.array(kept or [(np.nan,) * 3])
-        return {k: f"{np.nanmean(a[:, i]):.0%}" if not np.all(np.isnan(a[:, i])) else "-"
-                for i, k in enumerate(("CPU busy", "GPU util", "JPG util"))}
+        s = self.samples
+        lo = next((x for x in s if x[4] >= self.LO * total), None)
+        hi = next((x for x in s if x[4] >= self.HI * total), None)
+        if lo is None or hi is None or hi[0] <= lo[0]:
+            return {}
+        a = np.array([x[1:4] for x in s if lo[0] < x[0] <= hi[0]])
+        out = {k: f"{np.nanmean(a[:, i]):.0%}" if not np.all(np.isnan(a[:, i])) else "-"
+               for i, k in enumerate(("CPU busy", "GPU util", "JPG util"))}
+        first = next((x[0] for x in s if x[4] > 0), lo[0])
+        return {"rate": (hi[4] - lo[4]) / (hi[0] - lo[0]), "start-up s": f"{first - self.t0:.1f}", **out}
 
 
 def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int,
              only: list[str] | None = None) -> tuple[list[dict], str]:
     """build-cache --decoder nvjpeg in each GPU_VARIANTS setting (or `only` those), alternating, two reps after a
-    warm-up build. Per rep a full build and one of half the shards (part 0 of 2): their difference is the rate
-    once every process has started, which a process pool's start (fork from the forkserver, CUDA context) hides
-    in a short build. W is --workers (the default: every usable CPU). Utilization is the full build's mean over
-    its last (full - half) seconds, the part after start-up."""
+    warm-up build. Per variant: the wall rate (start-up included) and the steady rate between 20% and 90% of the
+    images (Utilization.steady), each the better of the two reps. W is --workers (default: every usable CPU)."""
     from fastdata.cache.build import BuildConfig, build_cache
+    from fastdata.cache.gpu_build import process_split
 
     def one(dest: str, **kw):
         r = build_cache(BuildConfig(src=str(src), dest=str(tmp / dest), size=size, progress=False, decoder="nvjpeg",
@@ -159,13 +183,10 @@ def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int,
         shutil.rmtree(tmp / dest, ignore_errors=True)   # (the disk holds the next one)
         return r
 
-    from fastdata.cache.gpu_build import process_split
-
     variants = {k: v for k, v in GPU_VARIANTS.items() if not only or k in only}
     one("gpu-warm", part=(0, 20), workers=0)
     wall: dict[str, float] = {}
-    steady: dict[str, float] = {}
-    used: dict[str, dict] = {}
+    steady: dict[str, dict] = {}
     labels: dict[str, str] = {}
     saved = {k: os.environ.get(k) for k in ("FASTDATA_BUILD_ENGINES", "FASTDATA_BUILD_CPU_PROCESSES")}
     for k in range(2):
@@ -175,19 +196,17 @@ def gpu_rows(src: Path, tmp: Path, size: int, plain: float, workers: int,
             labels[name] = f"{name} ({'%d GPU + %d CPU processes' % process_split(n) if n else 'threads'})"
             with Utilization() as u:
                 full = one(f"gpu-{k}-{j}", workers=n)
-            half = one(f"gpu-{k}-{j}-half", part=(0, 2), workers=n)
             wall[name] = max(wall.get(name, 0.0), full.written / full.seconds)
-            if full.seconds > half.seconds:
-                rate = (full.written - half.written) / (full.seconds - half.seconds)
-                if rate > steady.get(name, 0.0):
-                    steady[name], used[name] = rate, u.means(last_s=full.seconds - half.seconds)
-                    used[name]["start-up s"] = f"{full.seconds - full.written / rate:.1f}"
+            got = u.steady(full.written)
+            if got.get("rate", 0.0) > steady.get(name, {}).get("rate", 0.0):
+                steady[name] = got
     for k, v in saved.items():
         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     rows = []
     for name, rate in wall.items():
+        got = dict(steady.get(name, {}))
         for what, r, extra in ((labels[name], rate, {}),
-                               (f"{labels[name]}, after start-up", steady.get(name, 0.0), used.get(name, {}))):
+                               (f"{labels[name]}, steady 20-90%", got.pop("rate", 0.0), got)):
             rows.append({"what": f"build-cache --encode raw --decoder nvjpeg ({what})", "img/s": r,
                          "img/s/core": r / workers, "vs plain x workers": f"{r / (plain * workers):.0%}", **extra})
     return rows, _gpu_pixels(src, tmp, size)
@@ -219,6 +238,7 @@ def main() -> None:
     ap.add_argument("--photos", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--gpu-only", action="store_true", help="leave out the CPU builds (the plain rate stays)")
+    ap.add_argument("--cpu-encodes", default="raw,jpeg", help="the CPU builds' --encode values, comma separated")
     ap.add_argument("--variants", default=None, help="GPU_VARIANTS names separated by ; (default: all)")
     a = ap.parse_args()
     from fastdata._util import usable_cpus
@@ -240,26 +260,34 @@ def main() -> None:
             p.read_bytes()
         plain = max(plain_pil_rate(sub, a.size) for _ in range(2))
         rows = [{"what": "plain PIL decode+resize, 1 process", "img/s": plain, "img/s/core": plain}]
-        for encode in () if a.gpu_only else ("raw", "jpeg"):
+        for encode in () if a.gpu_only else a.cpu_encodes.split(","):
             own = max(codec_rate(sub, a.size, encode) for _ in range(2))
-            rate = 0.0
+            rate, steady = 0.0, {}
             for rep in range(2):  # best of two: this VM's CPU speed varies from run to run
-                res = build_cache(BuildConfig(src=str(src), dest=str(tmp / f"c-{encode}-{rep}"), encode=encode,
-                                              size=a.size, workers=workers, progress=False))
+                with Utilization() as u:
+                    res = build_cache(BuildConfig(src=str(src), dest=str(tmp / f"c-{encode}-{rep}"), encode=encode,
+                                                  size=a.size, workers=workers, progress=False))
                 rate = max(rate, res.written / res.seconds)
+                got = u.steady(res.written)
+                steady = got if got.get("rate", 0.0) > steady.get("rate", 0.0) else steady
             rows.append({"what": f"fastdata codec ({encode}), 1 process", "img/s": own, "img/s/core": own})
-            rows.append({"what": f"build-cache --encode {encode}, {workers} workers", "img/s": rate,
-                         "img/s/core": rate / workers, "vs plain x workers": f"{rate / (plain * workers):.0%}"})
+            for what, r, extra in (("", rate, {}), (", steady 20-90%", steady.pop("rate", 0.0), steady)):
+                rows.append({"what": f"build-cache --encode {encode}, {workers} workers{what}", "img/s": r,
+                             "img/s/core": r / workers, "vs plain x workers": f"{r / (plain * workers):.0%}", **extra})
         gpu_note = ""
         if gpu_decoder_ok():
             extra, gpu_note = gpu_rows(src, tmp, a.size, plain, workers,
                                            a.variants.split(";") if a.variants else None)
             rows += extra
+        variants_arg = f' --variants "{a.variants}"' if a.variants else ""
         notes = (f"{len(files)} JPEGs ({len(files) // a.copies} distinct) of 500x375 (q90) made from skimage/sklearn photos; size {a.size}, "
-                 f"h5 shards, page cache warm, best of two runs per row. Goal (issue 21): build >= 150% of plain-PIL rate x cores. The codec uses "
+                 f"h5 shards, page cache warm, best of two runs per row. Rows 'steady 20-90%': the rate between 20% and 90% "
+                 f"of the images done, read from the build's progress counter every 0.25 s (start-up s: until the first "
+                 f"image was done), with the CPU busy and NVML GPU / JPEG-engine utilization over those seconds. Goal (issue 21): build >= 150% of plain-PIL rate x cores. The codec uses "
                  f"libjpeg DCT-domain downscaling (PIL draft), which is why it beats plain PIL per core."
                  f"{gpu_note} Rerun: `python benchmarks/build.py --per-class {a.per_class} --copies {a.copies} --size {a.size}"
-                 f"{' --gpu-only' if a.gpu_only else ''}`.")
+                 f"{' --gpu-only' if a.gpu_only else f' --cpu-encodes {a.cpu_encodes}'}"
+                 f"{variants_arg}`.")
         write("build", rows, ["what", "img/s", "img/s/core", "vs plain x workers", "start-up s", "CPU busy", "GPU util", "JPG util"], notes,
               Path(a.out) if a.out else None)
     finally:

@@ -1,6 +1,6 @@
-"""A raw cache bigger than the loader's memory, read for one epoch, against the disk's sequential rate.
+"""A raw cache bigger than the loader's memory, read for some epochs, against the disk's sequential rate.
 
-    python benchmarks/out_of_ram.py [--images 16000] [--size 224] [--memory 1GB] [--rows stream,mmap]
+    python benchmarks/out_of_ram.py [--images 16000] [--size 224] [--memory 1GB] [--epochs 2] [--rows stream,mmap]
 
 Each row runs in a child process placed in a memory cgroup of --memory (page cache charged; the
 child's own start-up memory is charged before it joins), after the cache's pages were dropped from
@@ -26,23 +26,28 @@ from _common import ROOT, write
 CHILD = r"""
 import json, os, sys, time
 import fastdata
-cache, mode, bs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+cache, mode, bs, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 print("ready", flush=True)
 sys.stdin.readline()                     # the parent has put this process in the cgroup: budget from it
 budget = os.environ.get("OOR_BUDGET") or "auto"   # set where no cgroup could be made
 threads = int(os.environ["OOR_THREADS"]) if os.environ.get("OOR_THREADS") else None
 dl = fastdata.loader(cache, bs, device="cuda" if __import__("torch").cuda.is_available() else "cpu",
                      memory=None if mode == "mmap" else budget, integrity="off", threads=threads)
-io0 = dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())
-t0, n = time.perf_counter(), 0
-for b in dl:
-    n += len(b[1])
-dt = time.perf_counter() - t0
-io1 = dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())
-cov = dl.coverage()
-print(json.dumps({"images": n, "seconds": dt, "read_bytes": int(io1["read_bytes"]) - int(io0["read_bytes"]),
-                  "seen": cov["seen"], "repeated": cov["repeated"], "window": dl.order.cfg.window,
-                  "streaming": dl.backend._streamer is not None}), flush=True)
+
+def read_bytes():
+    return int(dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())["read_bytes"])
+
+out = []
+for epoch in range(epochs):
+    io0, t0, n = read_bytes(), time.perf_counter(), 0
+    for b in dl:
+        n += len(b[1])
+    dt = time.perf_counter() - t0
+    cov = dl.coverage()
+    out.append({"images": n, "seconds": dt, "read_bytes": read_bytes() - io0, "seen": cov["seen"],
+                "repeated": cov["repeated"], "window": dl.order.cfg.window,
+                "streaming": dl.backend._streamer is not None})
+print(json.dumps(out), flush=True)
 """
 
 
@@ -73,7 +78,8 @@ def _cgroup(limit: int) -> Path | None:
         return None
 
 
-def _row(cache: Path, mode: str, bs: int, limit: int, files: list[Path]) -> dict:
+def _row(cache: Path, mode: str, bs: int, limit: int, files: list[Path], epochs: int) -> list[dict]:
+    """One child process reading `epochs` epochs of the cache; a row per epoch."""
     _drop_pages(files)
     probe = _cgroup(limit)
     if probe is not None:
@@ -81,7 +87,7 @@ def _row(cache: Path, mode: str, bs: int, limit: int, files: list[Path]) -> dict
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if probe is None:
         env["OOR_BUDGET"] = str(limit)
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(cache), mode, str(bs)], stdin=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(cache), mode, str(bs), str(epochs)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     assert child.stdout.readline().strip() == "ready"
     cg = _cgroup(limit)
@@ -95,10 +101,11 @@ def _row(cache: Path, mode: str, bs: int, limit: int, files: list[Path]) -> dict
     if cg is not None:
         cg.rmdir()
     if not out:
-        return {"row": mode, "error": f"child exited {child.returncode} (killed by the cgroup?)"}
-    r = json.loads(out)
-    r.update(row=mode, cgroup=cg is not None, peak_mb=peak / 1e6 if peak else None)
-    return r
+        return [{"row": mode, "error": f"child exited {child.returncode} (killed by the cgroup?)"}]
+    rows = json.loads(out)
+    for epoch, r in enumerate(rows, 1):
+        r.update(row=mode, epoch=epoch, cgroup=cg is not None, peak_mb=peak / 1e6 if peak else None)
+    return rows
 
 
 def main() -> None:
@@ -111,6 +118,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--memory", default="1GB")
     ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--epochs", type=int, default=2, help="epochs per row: the first starts cold, later ones "
+                    "are the steady state of a training run")
     ap.add_argument("--rows", default="stream,mmap")
     ap.add_argument("--work", default=None)
     a = ap.parse_args()
@@ -123,22 +132,32 @@ def main() -> None:
     files = sorted(cache.glob("shard-*"))
     total = sum(p.stat().st_size for p in files)
     limit = parse_size(a.memory)
-    _drop_pages(files)
-    dd = _dd_rate(files)
-    rows = []
+    rows, dds = [], []
     for mode in a.rows.split(","):
-        r = _row(cache, mode, a.batch_size, limit, files)
-        if "seconds" in r:
-            mbps = total / r["seconds"]
-            r.update({"img/s": r["images"] / r["seconds"], "MB/s": mbps / 1e6, "x dd": mbps / dd,
-                      "read / cache bytes": r["read_bytes"] / total})
-        rows.append(r)
+        _drop_pages(files)
+        before = _dd_rate(files)
+        got = _row(cache, mode, a.batch_size, limit, files, a.epochs)
+        _drop_pages(files)
+        dds.append((before + _dd_rate(files)) / 2)   # this disk's rate drifts: the mean of dd before and after
+        for r in got:
+            if "seconds" in r:
+                mbps = total / r["seconds"]
+                r.update({"img/s": r["images"] / r["seconds"], "MB/s": mbps / 1e6, "dd MB/s": dds[-1] / 1e6,
+                          "x dd": f"{mbps / dds[-1]:.2f}",
+                          "disk x dd": f"{r['read_bytes'] / r['seconds'] / dds[-1]:.2f}",
+                          "read / cache bytes": f"{r['read_bytes'] / total:.3f}"})
+            rows.append(r)
     notes = (f"Cache {cache}: {total / 1e9:.2f} GB ({len(files)} shards of {a.size} px raw); memory cgroup "
-             f"{a.memory} ({total / limit:.1f}x smaller than the cache); dd iflag=direct over the same files: "
-             f"{dd / 1e6:,.0f} MB/s. One epoch per row, page cache dropped before each.\n\nRerun: "
-             f"`python benchmarks/out_of_ram.py --images {a.images} --size {a.size} --memory {a.memory}`")
-    write("out-of-ram", rows, ["row", "streaming", "window", "img/s", "MB/s", "x dd", "read / cache bytes",
-                               "seen", "repeated", "peak_mb", "cgroup"], notes)
+             f"{a.memory} ({total / limit:.1f}x smaller than the cache); dd iflag=direct over the same files "
+             f"before and after each row (their mean). {a.epochs} epoch(s) per row in one process, page cache dropped before the "
+             f"first: epoch 1 starts cold, later epochs are a training run's steady state (their first "
+             f"batches were read ahead at the end of the epoch before). x dd: the epoch's cache bytes per second over "
+             f"dd's; disk x dd: the bytes the process read from storage (/proc/self/io) per second over dd's (below "
+             f"x dd where some pages were still cached from the epoch before).\n\nRerun: "
+             f"`python benchmarks/out_of_ram.py --images {a.images} --size {a.size} --memory {a.memory} "
+             f"--epochs {a.epochs}`")
+    write("out-of-ram", rows, ["row", "epoch", "streaming", "window", "img/s", "MB/s", "dd MB/s", "x dd",
+                               "read / cache bytes", "disk x dd", "seen", "repeated", "peak_mb", "cgroup"], notes)
 
 
 if __name__ == "__main__":
