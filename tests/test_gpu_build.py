@@ -183,22 +183,23 @@ def test_build_processes_take_their_roles_in_start_order(monkeypatch):
         gpu_build.process_split(4)
 
 
-def test_a_quarter_of_the_build_processes_decode_on_the_cpu(monkeypatch):
-    """--workers N: N // 4 CPU-codec processes by default, the rest on the GPU as far as its memory goes,
+def test_three_in_eight_build_processes_decode_on_the_cpu(monkeypatch):
+    """--workers N: 3N // 8 CPU-codec processes by default, the rest on the GPU as far as its memory goes,
     and the CPU codec takes the processes the GPU cannot hold; always one GPU process."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_build, "free_gpu_bytes", lambda: 1 << 50)
     monkeypatch.delenv("FASTDATA_BUILD_CPU_PROCESSES", raising=False)
-    assert gpu_build.process_split(16) == (12, 4)
-    assert gpu_build.process_split(3) == (3, 0)
+    assert gpu_build.process_split(16) == (10, 6)
+    assert gpu_build.process_split(3) == (2, 1)
+    assert gpu_build.process_split(2) == (2, 0)
     assert gpu_build.process_split(0) == (0, 0)             # --workers 0: threads in this process
     monkeypatch.setenv("FASTDATA_BUILD_CPU_PROCESSES", "0")
     assert gpu_build.process_split(16) == (16, 0)
     monkeypatch.setenv("FASTDATA_BUILD_CPU_PROCESSES", "99")
     assert gpu_build.process_split(16) == (1, 15)
     monkeypatch.delenv("FASTDATA_BUILD_CPU_PROCESSES")
-    monkeypatch.setattr(gpu_build, "free_gpu_bytes", lambda: 10 * gpu_build.PROCESS_GPU_BYTES)
-    assert gpu_build.process_split(16) == (10, 6)
+    monkeypatch.setattr(gpu_build, "free_gpu_bytes", lambda: 8 * gpu_build.PROCESS_GPU_BYTES)
+    assert gpu_build.process_split(16) == (8, 8)
 
 
 def test_a_script_without_a_main_guard_is_told_to_add_one(messy_folder, tmp_path):

@@ -8,8 +8,8 @@ and full-size decoding dominates. The GPU's JPEG engines decode ~25k small image
 (decode.py), so the build becomes bound by reading files and writing shards. Shards are built in
 `--workers` processes (process_split, gpu_map), each with its own decoder: in one process, torchvision's
 decode calls queue behind one mutex, and 6 shard threads built at 0.6x of 16 x plain PIL where 16
-processes reached 1.19x (H100 host, build-H100-80GB-HBM3-2026-12-06-processes{8,16}.md). A quarter of
-the processes build with the CPU codec instead, using the CPU time that the GPU ones leave idle.
+processes reached 1.19x (H100 host, build-H100-80GB-HBM3-2026-12-06-processes{8,16}.md). Three in eight
+of the processes build with the CPU codec instead, using the CPU time that the GPU ones leave idle.
 
 The pixels are not the CPU codec's: nvJPEG's IDCT and chroma upsampling differ from libjpeg's, the
 CPU codec decodes at a reduced DCT scale where it can (codecs.py draft), and a crop box is rounded
@@ -300,22 +300,25 @@ _worker_decode = None   # this process's batch decoder; CPU_ROLE: it builds with
 CPU_ROLE = "cpu"
 
 
-CPU_SHARE = 4   # by default one build process in CPU_SHARE decodes with the CPU codec (process_split)
+CPU_SHARE = (3, 8)   # by default 3 build processes in 8 decode with the CPU codec (process_split)
 
 
 def process_split(workers: int) -> tuple[int, int]:
     """(GPU, CPU) shard processes for --decoder nvjpeg --workers N, all taking shards from one queue:
-    FASTDATA_BUILD_CPU_PROCESSES of them (default N // CPU_SHARE) build with the CPU codec, the rest decode on
-    the GPU, as many as its free memory holds (shard_processes), and the CPU codec takes any they leave.
+    FASTDATA_BUILD_CPU_PROCESSES of them (default 3N/8, rounded down) build with the CPU codec, the rest decode
+    on the GPU, as many as its free memory holds (shard_processes), and the CPU codec takes any they leave.
     Why a mix: a GPU shard process works through its shard serially (read, decode, copy back, hash, write) and
-    leaves most of its CPU idle. On the H100 host, after start-up, 12 GPU + 4 CPU processes built at 1.36x of
-    16 x plain PIL where 16 GPU processes built at 0.91x and 8 + 8 at 1.03x (build-H100-80GB-HBM3-2026-12-06-mix.md).
-    workers=0: (0, 0), shard threads in this process."""
+    leaves much of a core idle, and the GPU's decoders were never the limit (NVML: JPEG engines 16-31% busy).
+    Rates between 20% and 90% of one 45,000-image build, two calls on one H100 host (16 CPUs):
+    10 GPU + 6 CPU 8,213 and 8,593 img/s; 16 + 0 7,681; 12 + 4 7,343; 8 + 8 7,689; more processes than cores
+    did not help (18 + 6 8,825, 16 + 8 7,377, 23 + 9 5,442). The CPU processes also build while the GPU ones
+    start (their CUDA contexts: 13 s before a 16 + 0 build wrote its first image, 0.5 s with CPU processes).
+    (build-H100-80GB-HBM3-2026-12-06-{steady,oversubscribed}.md.) workers=0: (0, 0), shard threads here."""
     if workers <= 0:
         return 0, 0
     raw = os.environ.get("FASTDATA_BUILD_CPU_PROCESSES", "")
     try:
-        cpu = int(raw) if raw.strip() else workers // CPU_SHARE
+        cpu = int(raw) if raw.strip() else workers * CPU_SHARE[0] // CPU_SHARE[1]
     except ValueError:
         raise BuildError(f"FASTDATA_BUILD_CPU_PROCESSES={raw!r}: give a whole number of build processes that "
                          f"decode on the CPU, or unset it") from None
