@@ -22,5 +22,5 @@ RES=${OUT:-/tmp/ab}
 for t in old new old new; do
     d=.; [ $t = old ] && d=$OLD          # (the probe's _common puts its own tree first on sys.path)
     timeout ${AB_TIMEOUT:-200} python3 "$d/benchmarks/host_probe.py" --model resnet18 --per-class ${AB_PER_CLASS:-500} \
-        --jpeg --only "$ONLY" --work /tmp/ab-data --out "$RES/$t-$RANDOM" 2>&1 | grep "^| [sj]" | cut -c1-110 | sed "s/^/$t /"
+        --jpeg --only "$ONLY" --work /tmp/ab-data --out "$RES/$t-$RANDOM" 2>&1 | grep "^| [sj]" | cut -c1-110 | sed "s/^/$t /" || echo "$t: no rows (exit or timeout)"
 done
