@@ -52,8 +52,9 @@ def _add_build(sub) -> None:
     p.add_argument("--quality", type=int, default=90, help="JPEG quality for --encode jpeg (default 90)")
     p.add_argument("--shard-size", default="256MB", help="bytes per shard, e.g. 256MB or 1GiB")
     p.add_argument("--workers", type=int, default=None,
-                   help="decode processes (default: usable CPUs); with --decoder nvjpeg, processes that each "
-                        "decode on the GPU, as many as its free memory holds (0: threads in this process)")
+                   help="decode processes (default: usable CPUs); with --decoder nvjpeg, 3 in 8 of them use the "
+                        "CPU codec (FASTDATA_BUILD_CPU_PROCESSES=K sets how many) and the rest decode on the GPU, "
+                        "as many as its free memory holds (0: threads in this process)")
     p.add_argument("--on-error", default="quarantine", choices=("quarantine", "raise"),
                    help="an undecodable input is listed and left out (quarantine), or stops the build")
     p.add_argument("--part", type=_part, default=None,
