@@ -10,6 +10,15 @@ from fastdata.cache.codecs import CodecConfig, decode
 from fastdata.read.augment import AugmentConfig, normalize
 
 
+def terminal_signals() -> None:
+    """Popen preexec_fn: the child's Ctrl-C as in a terminal. A shell script's background job (`pytest ... &`)
+    starts with SIGINT ignored and its children inherit that, so a CLI rightly ignores the test's Ctrl-C (the
+    build ran to the end, exit 0, in a suite started that way)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def build(src, dest, **kw):
     """build_cache with small test defaults (64 px, 1 MB shards, no progress bar)."""
     kw.setdefault("progress", False)

@@ -15,6 +15,8 @@ from fastdata.cli import main
 from fastdata.engine.checkpoint import load_checkpoint, save_checkpoint
 from fastdata.errors import CheckpointError
 
+from helpers import terminal_signals
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,7 +32,8 @@ def _step(path) -> int:
 def test_ctrl_c_saves_a_checkpoint_and_the_same_command_resumes(raw_cache, tmp_path):
     ck = tmp_path / "ck"
     cmd = [sys.executable, "-m", "fastdata.cli", *_train(raw_cache, ck, "--steps", "100000", "--epochs", "100000")]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
+                            preexec_fn=terminal_signals)
     for line in proc.stderr:   # wait until training runs
         if "step 3 loss" in line:
             break
@@ -317,3 +320,30 @@ def test_train_takes_allow_empty_classes_as_build_cache_does(image_folder, tmp_p
             "--precision", "fp32", "--steps", "2", "--ckpt-dir", str(tmp_path / "ck")]
     assert main(args) == 2 and "--allow-empty-classes" in capsys.readouterr().err
     assert main(args + ["--allow-empty-classes"]) == 0
+
+
+def test_a_signal_the_launcher_ignored_stays_ignored_while_training():
+    """A shell script's background job starts with SIGINT ignored (the Ctrl-C meant for the script): train takes
+    over SIGTERM but leaves that SIGINT ignored, as Python's own handler would; otherwise both stop the run."""
+    from fastdata.cli.train import _stop_on_signals
+
+    class Stub:
+        stopped = None
+
+        def request_stop(self, why):
+            self.stopped = why
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with _stop_on_signals(Stub()):
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert callable(signal.getsignal(signal.SIGTERM))
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        stub = Stub()
+        with _stop_on_signals(stub):
+            signal.raise_signal(signal.SIGINT)
+        assert stub.stopped == "SIGINT" and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)

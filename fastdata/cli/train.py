@@ -90,13 +90,16 @@ def _resume_path(a, cfg):
 @contextlib.contextmanager
 def _stop_on_signals(engine):
     """SIGINT/SIGTERM finish the step in progress, then fit() returns and the caller saves; a second
-    SIGINT interrupts at once."""
+    SIGINT interrupts at once. A signal this process started with ignored stays ignored: a shell script's
+    background job (`fastdata train ... &`) starts with SIGINT ignored, so the Ctrl-C meant for the script
+    does not stop it, as POSIX intends and as Python's own handler would leave it."""
     def handler(signum, frame):
         if engine.stopped:
             raise KeyboardInterrupt
         engine.request_stop(signal.Signals(signum).name)
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)
+           if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         yield
     finally:

@@ -18,7 +18,7 @@ from fastdata.cli import main
 from fastdata.read.dataset import CacheDataset
 from fastdata.errors import BuildError, CacheFormatError
 
-from helpers import build
+from helpers import build, terminal_signals
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,20 +31,13 @@ def _long_list(image_folder: Path, tmp_path: Path, copies: int = 8) -> Path:
     return lst
 
 
-def _terminal_signals() -> None:
-    """The build's Ctrl-C as in a terminal. A shell script's background job (`pytest ... &`) starts with SIGINT
-    ignored, children inherit that, and Python then installs no KeyboardInterrupt handler: the build rightly
-    ignored the test's Ctrl-C and ran to the end (exit 0; the suite run in the background beside busy loops)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _start_long_build(image_folder: Path, tmp_path: Path):
     """(process, command, DEST) of a 2-worker CLI build of 960 inputs, once its first shard is journaled."""
     lst, dest = _long_list(image_folder, tmp_path), tmp_path / "c"
     cmd = [sys.executable, "-m", "fastdata.cli", "build-cache", str(lst), str(dest), "--workers", "2",
            "--size", "256", "--shard-size", "2MB", "--no-progress"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT,
-                            preexec_fn=_terminal_signals)
+                            preexec_fn=terminal_signals)
     journal = dest / ".build" / "journal.json"
     deadline = time.time() + 60
     while proc.poll() is None and time.time() < deadline and not journal.exists():
