@@ -178,6 +178,20 @@ class Utilization:
         return {"rate": (hi[4] - lo[4]) / (hi[0] - lo[0]), "start-up s": f"{first - self.t0:.1f}", **out}
 
 
+def _faster(best: dict, got: dict) -> dict:
+    """Of two reps' Utilization.steady() figures, those of the faster one."""
+    return got if got.get("rate", 0.0) > best.get("rate", 0.0) else best
+
+
+def _rate_rows(what, wall: float, steady: dict, workers: int) -> list[dict]:
+    """A build setting's two rows: its wall rate (start-up included) and its steady 20-90% rate with the
+    utilization over those seconds; what(suffix) names a row."""
+    extra = dict(steady)
+    rate = extra.pop("rate", 0.0)
+    return [{"what": what(""), "img/s": wall, "img/s/core": wall / workers},
+            {"what": what(", steady 20-90%"), "img/s": rate, "img/s/core": rate / workers, **extra}]
+
+
 def gpu_rows(src: Path, tmp: Path, size: int, workers: int,
              only: list[str] | None = None) -> tuple[list[dict], str]:
     """build-cache --decoder nvjpeg in each GPU_VARIANTS setting (or `only` those), alternating, two reps after a
@@ -206,18 +220,13 @@ def gpu_rows(src: Path, tmp: Path, size: int, workers: int,
             with Utilization() as u:
                 full = one(f"gpu-{k}-{j}", workers=n)
             wall[name] = max(wall.get(name, 0.0), full.written / full.seconds)
-            got = u.steady(full.written)
-            if got.get("rate", 0.0) > steady.get(name, {}).get("rate", 0.0):
-                steady[name] = got
+            steady[name] = _faster(steady.get(name, {}), u.steady(full.written))
     for k, v in saved.items():
         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     rows = []
     for name, rate in wall.items():
-        got = dict(steady.get(name, {}))
-        for what, r, extra in ((labels[name], rate, {}),
-                               (f"{labels[name]}, steady 20-90%", got.pop("rate", 0.0), got)):
-            rows.append({"what": f"build-cache --encode raw --decoder nvjpeg ({what})", "img/s": r,
-                         "img/s/core": r / workers, **extra})
+        rows += _rate_rows(lambda s, label=labels[name]: f"build-cache --encode raw --decoder nvjpeg ({label}{s})",
+                           rate, steady[name], workers)
     return rows, _gpu_pixels(src, tmp, size)
 
 
@@ -277,12 +286,10 @@ def main() -> None:
                     res = build_cache(BuildConfig(src=str(src), dest=str(tmp / f"c-{encode}-{rep}"), encode=encode,
                                                   size=a.size, workers=workers, progress=False))
                 rate = max(rate, res.written / res.seconds)
-                got = u.steady(res.written)
-                steady = got if got.get("rate", 0.0) > steady.get("rate", 0.0) else steady
+                steady = _faster(steady, u.steady(res.written))
             rows.append({"what": f"fastdata codec ({encode}), 1 process", "img/s": own, "img/s/core": own})
-            for what, r, extra in (("", rate, {}), (", steady 20-90%", steady.pop("rate", 0.0), steady)):
-                rows.append({"what": f"build-cache --encode {encode}, {workers} workers{what}", "img/s": r,
-                             "img/s/core": r / workers, **extra})
+            rows += _rate_rows(lambda s, e=encode: f"build-cache --encode {e}, {workers} workers{s}", rate, steady,
+                               workers)
         gpu_note = ""
         if gpu_decoder_ok():
             extra, gpu_note = gpu_rows(src, tmp, a.size, workers,

@@ -87,8 +87,8 @@ def _row(cache: Path, mode: str, bs: int, limit: int, files: list[Path], epochs:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if probe is None:
         env["OOR_BUDGET"] = str(limit)
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(cache), mode, str(bs), str(epochs)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(cache), mode, str(bs), str(epochs)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     assert child.stdout.readline().strip() == "ready"
     cg = _cgroup(limit)
     if cg is not None:
@@ -132,19 +132,17 @@ def main() -> None:
     files = sorted(cache.glob("shard-*"))
     total = sum(p.stat().st_size for p in files)
     limit = parse_size(a.memory)
-    rows, dds = [], []
+    rows = []
     for mode in a.rows.split(","):
-        _drop_pages(files)
-        before = _dd_rate(files)
+        before = _dd_rate(files)   # (O_DIRECT: the page cache neither helps nor changes; _row drops it)
         got = _row(cache, mode, a.batch_size, limit, files, a.epochs)
-        _drop_pages(files)
-        dds.append((before + _dd_rate(files)) / 2)   # this disk's rate drifts: the mean of dd before and after
+        dd = (before + _dd_rate(files)) / 2   # this disk's rate drifts: the mean of dd before and after the row
         for r in got:
             if "seconds" in r:
                 mbps = total / r["seconds"]
-                r.update({"img/s": r["images"] / r["seconds"], "MB/s": mbps / 1e6, "dd MB/s": dds[-1] / 1e6,
-                          "x dd": f"{mbps / dds[-1]:.2f}",
-                          "disk x dd": f"{r['read_bytes'] / r['seconds'] / dds[-1]:.2f}",
+                r.update({"img/s": r["images"] / r["seconds"], "MB/s": mbps / 1e6, "dd MB/s": dd / 1e6,
+                          "x dd": f"{mbps / dd:.2f}",
+                          "disk x dd": f"{r['read_bytes'] / r['seconds'] / dd:.2f}",
                           "read / cache bytes": f"{r['read_bytes'] / total:.3f}"})
             rows.append(r)
     notes = (f"Cache {cache}: {total / 1e9:.2f} GB ({len(files)} shards of {a.size} px raw); memory cgroup "

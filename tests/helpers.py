@@ -1,6 +1,8 @@
 """One shared check for every resumable stage: save mid-epoch, restore into a fresh one, compare."""
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 
 import torch
@@ -14,8 +16,6 @@ def terminal_signals() -> None:
     """Popen preexec_fn: the child's Ctrl-C as in a terminal. A shell script's background job (`pytest ... &`)
     starts with SIGINT ignored and its children inherit that, so a CLI rightly ignores the test's Ctrl-C (the
     build ran to the end, exit 0, in a suite started that way)."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
