@@ -132,3 +132,50 @@ def test_a_cache_batch_as_spans_is_the_batch_as_arrays(jpeg_cache):
     assert list(zip(h.tolist(), w.tolist())) == [baseline_size(a) for a in arrays]
     odd = EncodedBatch.of_arrays(arrays[:2] + [np.frombuffer(_encode("L", format="JPEG"), np.uint8)], [0, 0, 0])
     assert odd.baseline_sizes() is None and len(odd) == 3
+
+
+def test_a_batch_packed_into_one_room_keeps_every_sample_and_label(jpeg_cache):
+    """packed(): the spans of several shards copied back to back into one buffer (the pinned slot the
+    nvjpeg backend hands to nvJPEG): same bytes, labels and sizes, pointers inside the room."""
+    from fastdata.read.encoded import EncodedSource
+
+    src = EncodedSource(jpeg_cache)
+    batch = src.get_spans(np.array([len(src) - 1, 0, 5, 3]))
+    room = np.full(batch.nbytes() + 7, 0xAB, np.uint8)
+    packed = batch.packed(room)
+    assert len(packed.buffers) == 1 and np.array_equal(packed.labels, batch.labels)
+    assert all(np.array_equal(a, b) for a, b in zip(packed.arrays(), batch.arrays()))
+    ptrs, lengths = packed.pointers()
+    assert ptrs[0] == room.ctypes.data and np.array_equal(np.diff(ptrs), lengths[:-1])
+    assert (room[batch.nbytes():] == 0xAB).all()        # nothing written past the batch
+    assert [x.tolist() for x in packed.baseline_sizes()] == [x.tolist() for x in batch.baseline_sizes()]
+
+
+def test_a_pinned_slot_is_refilled_only_after_its_last_decode_and_grows_to_fit(jpeg_cache, monkeypatch):
+    """NvjpegBackend._pack: waits for the event of the batch decoded from the slot before, skips a
+    failed one (finish() raised it), and gives the slot a larger room when a batch needs more."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    import torch
+
+    from fastdata.read.backends.nvjpeg import NvjpegBackend
+    from fastdata.read.encoded import EncodedSource
+
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **kw: empty(*a, **kw))  # no CUDA here
+    waited = []
+    done, failed = Future(), Future()
+    done.set_result((None, None, SimpleNamespace(synchronize=lambda: waited.append(1))))
+    failed.set_exception(RuntimeError("decode failed"))
+    src = EncodedSource(jpeg_cache)
+    slot = {"room": None, "staged": None}
+    small = NvjpegBackend._pack(None, src.get_spans(np.arange(2)), slot)
+    first = slot["room"]
+    slot["staged"] = done
+    big = NvjpegBackend._pack(None, src.get_spans(np.arange(8)), slot)
+    assert waited == [1] and slot["staged"] is None and slot["room"] is not first
+    assert slot["room"].numel() >= big.nbytes() > small.nbytes()
+    slot["staged"] = failed
+    again = NvjpegBackend._pack(None, src.get_spans(np.arange(3)), slot)
+    assert waited == [1] and again.buffers[0].ctypes.data == slot["room"].data_ptr()

@@ -74,6 +74,10 @@ class NvjpegOptions:
     # lanes overlap. torchvision's decode_jpeg serialises every call of a process, so lanes without
     # hardware overlap only the crops
     lanes: int = 1
+    # True: a reader copies each batch's JPEG bytes into a pinned slot of a ring, so nvJPEG's copy of
+    # each image to the GPU is a DMA; False: nvJPEG reads them where they lie (the cache's page cache),
+    # one host-synchronous pageable copy per image (benchmarks/hw_output.py)
+    pinned: bool = True
 
     def check(self) -> None:
         check_mode(self.integrity)

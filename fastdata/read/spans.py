@@ -42,6 +42,24 @@ class EncodedBatch:
         return [self.buffers[k][a:b] for k, a, b in zip(self.which.tolist(), self.starts.tolist(),
                                                            self.ends.tolist())]
 
+    def nbytes(self) -> int:
+        return int((self.ends - self.starts).sum())
+
+    def packed(self, room: np.ndarray) -> "EncodedBatch":
+        """The batch copied back to back into `room` (1-D uint8 of at least nbytes()): one buffer, so
+        a decoder given pointers() reads wherever room lives. nvjpeg.py packs into pinned memory: from
+        pageable memory nvJPEG's hardware backend copies each image with a host-synchronous pageable
+        cudaMemcpyAsync (benchmarks/hw_output.py). memoryview slices copy holding the GIL once, where
+        numpy's copies would release and retake it per sample (a wait behind the training thread each)."""
+        lens = self.ends - self.starts
+        starts = np.zeros(len(self), np.int64)
+        np.cumsum(lens[:-1], out=starts[1:])
+        dst, srcs = memoryview(room), [memoryview(b) for b in self.buffers]
+        for k, a, b, o in zip(self.which.tolist(), self.starts.tolist(), self.ends.tolist(), starts.tolist()):
+            dst[o:o + b - a] = srcs[k][a:b]
+        return EncodedBatch((room[:self.nbytes()],), np.zeros(len(self), np.int64), starts, starts + lens,
+                            self.labels)
+
     def pointers(self) -> tuple[np.ndarray, np.ndarray]:
         """(host address, length) of every sample, as uint64 arrays."""
         base = np.array([b.__array_interface__["data"][0] for b in self.buffers], dtype=np.uint64)

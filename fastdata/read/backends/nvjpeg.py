@@ -1,7 +1,7 @@
 """Backend nvjpeg: JPEG decode on the GPU without DALI, on the NVJPG engines where it can.
 
-    reader threads:  encoded bytes (files, or spans of cache shards: spans.py), and each baseline
-                     JPEG's size
+    reader threads:  encoded bytes (files, or spans of cache shards: spans.py) packed into a pinned
+                     slot (options.pinned), and each baseline JPEG's size
     GPU thread(s):   options.lanes of them, each on its own CUDA stream, batches in turn: nvJPEG
                      decodes the batch in one call, then crop, resize, flip and normalise; records an event
     training thread: waits for that event on its stream (no host sync)
@@ -98,9 +98,26 @@ class NvjpegBackend(BaseBackend):
             self._lane.state = lane
         return lane
 
-    def read(self, key, idx: np.ndarray, _slot):
+    def ring(self, n: int) -> list[dict] | None:
+        """Pinned slots for the batches' bytes (options.pinned), grown as a batch needs."""
+        return [{"room": None, "staged": None} for _ in range(n)] if self.cfg.options.pinned else None
+
+    def _pack(self, batch: EncodedBatch, slot: dict) -> EncodedBatch:
+        """Reader thread: the batch's bytes in the slot's pinned room, once the decode that read the
+        slot's previous batch has run (the core reuses a slot only after that batch was finished)."""
+        staged, slot["staged"] = slot["staged"], None
+        if staged is not None and staged.exception() is None:   # (a failed one raised in finish())
+            staged.result()[2].synchronize()
+        need = batch.nbytes()
+        if slot["room"] is None or slot["room"].numel() < need:
+            slot["room"] = torch.empty(need + need // 4, dtype=torch.uint8, pin_memory=True)
+        return batch.packed(slot["room"].numpy())
+
+    def read(self, key, idx: np.ndarray, slot):
         rng = batch_rng(self.cfg.seed, key, self.cfg.batch_size)
         batch = self.encoded.get_spans(idx)
+        if "room" in slot:
+            batch = self._pack(batch, slot)
         labels = torch.from_numpy(batch.labels)
         flips = torch.from_numpy(draw_flips(len(idx), self.cfg.augment, rng))
         if self.encoded.kind == "cache-jpeg":       # a cache is built upright: sizes only, by numpy
@@ -183,8 +200,11 @@ class NvjpegBackend(BaseBackend):
         while len(held) > self.stage_ahead + 1:
             held.popleft()[0].synchronize()
 
-    def stage(self, _slot, out, _n):
-        return self._gpu.submit(self._prepare, out)
+    def stage(self, slot, out, _n):
+        staged = self._gpu.submit(self._prepare, out)
+        if "room" in slot:
+            slot["staged"] = staged
+        return staged
 
     def finish(self, staged, _idx):
         images, labels, ready = staged.result()
