@@ -225,7 +225,8 @@ def main() -> None:
     ap.add_argument("--models", default="resnet18,resnet50")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the rows beside training")
+    ap.add_argument("--decode-rounds", type=int, default=2, help="rounds of the decode-alone rows")
     ap.add_argument("--work", default=None, help="where the photos and caches are made (kept for a rerun)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -241,7 +242,7 @@ def main() -> None:
     for kind in ("pageable", "pinned"):
         notes[f"rgb, {kind}"] = census(decs[0], sets[kind], "rgb", stream)
         print(kind, notes[f"rgb, {kind}"], flush=True)
-    for _ in range(2):
+    for _ in range(a.decode_rounds):
         for kind in ("pageable", "pinned"):
             for threads in (1, 2):
                 rows.append({"row": f"decode alone, {kind}, {threads} decoder(s)",

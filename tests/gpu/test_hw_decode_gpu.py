@@ -119,3 +119,18 @@ def test_the_gpu_build_decodes_source_photos_on_the_engines(engines, image_folde
     assert decode.decoded["hardware"] > len(datas) // 2, decode.decoded
     assert all(a.shape == b.shape for a, b in zip(mine, ref)) and max(diffs) < 2.0
     decode.close()
+
+
+@pytest.mark.parametrize("hardware", [True, False])
+def test_bytes_packed_into_pinned_slots_decode_as_bytes_read_in_place(hardware, jpeg_cache):
+    """options.pinned: the ring of pinned slots (each reused once its batch was decoded, over three
+    epochs of a small ring) yields the same batches as nvJPEG reading the cache's pages in place."""
+    outs = []
+    for pinned in (True, False):
+        dl = fastdata.loader(jpeg_cache, 8, backend="nvjpeg", device="cuda", seed=3, hardware=hardware,
+                             pinned=pinned, prefetch=1, augment=AugmentConfig(size=40, dtype="float32"))
+        outs.append([(b.images.float().cpu(), b.labels.cpu()) for _ in range(3) for b in dl])
+        dl.close()
+    assert len(outs[0]) == len(outs[1]) == 3 * -(-len(EncodedSource(jpeg_cache)) // 8)
+    for (a, la), (b, lb) in zip(*outs):
+        assert torch.equal(la, lb) and torch.equal(a, b)
