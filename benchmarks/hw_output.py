@@ -17,9 +17,10 @@ planar YUV (the engines' own format), and reports
 Run 1 (hw-output-H100-80GB-HBM3-2026-12-06-yuv.md): per image, nvJPEG copies the bitstream from
 pageable memory (Memcpy HtoD Pageable -> Device), then converts with one rgba2rgb kernel (RGB) or three
 2-D device copies (YUV), then waits on an event: a serial round trip per image, so decoding is bound
-by latency, which the training's kernels stretch. YUV did not help. Run 2 (this default): bitstreams
-in pinned memory (--pinned rows; the loader's slots are pinned) and two decoders in parallel threads,
-each beside the same training, in rounds (training alone measured in every round, ratios paired).
+by latency, which the training's kernels stretch. YUV did not help. This version (not yet run on a
+GPU): the same bitstreams in pinned memory (the loader's pinned=True slots) against pageable, one
+and two decoders in parallel threads, alone and beside the same training, in rounds (training alone
+measured in every round, ratios paired).
 """
 from __future__ import annotations
 
@@ -56,26 +57,10 @@ def yuv_table(base: int, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
     return table
 
 
-class Pinned:
-    """An EncodedBatch's bytes copied once into pinned host memory: the same pointers() and sizes."""
-
-    def __init__(self, batch) -> None:
-        arrays = batch.arrays()
-        lens = np.array([a.nbytes for a in arrays], dtype=np.uint64)
-        self.buf = torch.empty(int(lens.sum()), dtype=torch.uint8).pin_memory()
-        self.buf.numpy()[:] = np.concatenate(arrays)
-        starts = np.zeros(len(lens), np.uint64)
-        np.cumsum(lens[:-1], out=starts[1:])
-        self._ptrs, self._lens, self._hw = np.uint64(self.buf.data_ptr()) + starts, lens, batch.baseline_sizes()
-
-    def __len__(self) -> int:
-        return len(self._lens)
-
-    def pointers(self):
-        return self._ptrs, self._lens
-
-    def baseline_sizes(self):
-        return self._hw
+def pinned(batch):
+    """The batch packed into pinned host memory, as the loader's pinned=True slots hold it (the numpy
+    view keeps the pinned tensor alive)."""
+    return batch.packed(torch.empty(batch.nbytes(), dtype=torch.uint8, pin_memory=True).numpy())
 
 
 def decode(dec, batch, fmt: str, stream) -> torch.Tensor:
@@ -93,11 +78,11 @@ def decode(dec, batch, fmt: str, stream) -> torch.Tensor:
         table = yuv_table(out.data_ptr(), h, w)
         ptrs, lens = batch.pointers()
         ptrs, lens = np.ascontiguousarray(ptrs, np.uint64), np.ascontiguousarray(lens, np.uint64)
-        assert dec.lib.nvjpegDecodeBatchedInitialize(dec._handle, entry[0], len(h), 1, _OUTPUT[fmt]) == 0
-        status = dec.lib.nvjpegDecodeBatched(dec._handle, entry[0], ptrs.ctypes.data, lens.ctypes.data,
+        status = dec.lib.nvjpegDecodeBatchedInitialize(dec._handle, entry[0], len(h), 1, _OUTPUT[fmt])
+        status = status or dec.lib.nvjpegDecodeBatched(dec._handle, entry[0], ptrs.ctypes.data, lens.ctypes.data,
                                              table.ctypes.data, ctypes.c_void_p(stream.cuda_stream))
         if status != 0:
-            raise RuntimeError(f"nvjpegDecodeBatched({fmt}) returned {status}")
+            raise RuntimeError(f"nvjpegDecodeBatched{{Initialize,}}({fmt}) returned {status}")
         entry[1] = torch.cuda.Event()
         entry[1].record(stream)
     return out
@@ -236,7 +221,7 @@ def main() -> None:
     src = EncodedSource(raw.with_name("jpeg256"))
     bs = a.batch_size
     batches = [src.get_spans(np.arange(lo, lo + bs)) for lo in range(0, len(src) - bs + 1, bs)]
-    sets = {"pageable": batches, "pinned": [Pinned(b) for b in batches]}
+    sets = {"pageable": batches, "pinned": [pinned(b) for b in batches]}
     decs, stream = [HardwareJpegDecoder(torch.device("cuda")) for _ in range(2)], torch.cuda.Stream()
     rows, notes = [], {}
     for kind in ("pageable", "pinned"):
