@@ -77,7 +77,7 @@ class NvjpegOptions:
     # True: a reader copies each batch's JPEG bytes into a pinned slot of a ring, so nvJPEG's copy of
     # each image to the GPU is a DMA; False: nvJPEG reads them where they lie (the cache's page cache),
     # one host-synchronous pageable copy per image (benchmarks/hw_output.py counted it). Opt-in until
-    # host_probe.py --jpeg --only pageable has measured it feeding a model on a GPU
+    # host_probe.py --jpeg --only pinned has measured it feeding a model on a GPU
     pinned: bool = False
 
     def check(self) -> None:

@@ -57,7 +57,7 @@ class EncodedBatch:
         dst, srcs = memoryview(room), [memoryview(b) for b in self.buffers]
         for k, a, b, o in zip(self.which.tolist(), self.starts.tolist(), self.ends.tolist(), starts.tolist()):
             dst[o:o + b - a] = srcs[k][a:b]
-        return EncodedBatch((room[:self.nbytes()],), np.zeros(len(self), np.int64), starts, starts + lens,
+        return EncodedBatch((room[:int(lens.sum())],), np.zeros(len(self), np.int64), starts, starts + lens,
                             self.labels)
 
     def pointers(self) -> tuple[np.ndarray, np.ndarray]:

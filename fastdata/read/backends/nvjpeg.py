@@ -116,7 +116,7 @@ class NvjpegBackend(BaseBackend):
     def read(self, key, idx: np.ndarray, slot):
         rng = batch_rng(self.cfg.seed, key, self.cfg.batch_size)
         batch = self.encoded.get_spans(idx)
-        if "room" in slot:
+        if self.cfg.options.pinned:
             batch = self._pack(batch, slot)
         labels = torch.from_numpy(batch.labels)
         flips = torch.from_numpy(draw_flips(len(idx), self.cfg.augment, rng))
@@ -202,7 +202,7 @@ class NvjpegBackend(BaseBackend):
 
     def stage(self, slot, out, _n):
         staged = self._gpu.submit(self._prepare, out)
-        if "room" in slot:
+        if self.cfg.options.pinned:
             slot["staged"] = staged
         return staged
 
