@@ -20,13 +20,14 @@ pageable memory (Memcpy HtoD Pageable -> Device), then converts with one rgba2rg
 by latency, which the training's kernels stretch. YUV did not help. This version (not yet run on a
 GPU): the same bitstreams in pinned memory (the loader's pinned=True slots) against pageable, one
 and two decoders in parallel threads, alone and beside the same training, in rounds (training alone
-measured in every round, ratios paired).
+measured in every round, ratios paired). --formats rgb,yuv adds the YUV census and decode-alone rows.
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import ctypes
+import json
 import tempfile
 import threading
 import time
@@ -212,6 +213,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=2, help="rounds of the rows beside training")
     ap.add_argument("--decode-rounds", type=int, default=2, help="rounds of the decode-alone rows")
+    ap.add_argument("--formats", default="rgb", help="nvJPEG outputs of the census and decode-alone rows: "
+                    "rgb (the loader's), yuv (the engines' own planes; 4:2:0 caches only)")
     ap.add_argument("--work", default=None, help="where the photos and caches are made (kept for a rerun)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -223,28 +226,29 @@ def main() -> None:
     batches = [src.get_spans(np.arange(lo, lo + bs)) for lo in range(0, len(src) - bs + 1, bs)]
     sets = {"pageable": batches, "pinned": [pinned(b) for b in batches]}
     decs, stream = [HardwareJpegDecoder(torch.device("cuda")) for _ in range(2)], torch.cuda.Stream()
-    rows, notes = [], {}
-    for kind in ("pageable", "pinned"):
-        notes[f"rgb, {kind}"] = census(decs[0], sets[kind], "rgb", stream)
-        print(kind, notes[f"rgb, {kind}"], flush=True)
-    for _ in range(a.decode_rounds):
+    rows, notes, formats = [], {}, a.formats.split(",")
+    for fmt in formats:
         for kind in ("pageable", "pinned"):
-            for threads in (1, 2):
-                rows.append({"row": f"decode alone, {kind}, {threads} decoder(s)",
-                             "decode img/s": decode_alone(decs[:threads], sets[kind], "rgb", 3.0)})
-                print(rows[-1], flush=True)
+            notes[f"{fmt}, {kind}"] = census(decs[0], sets[kind], fmt, stream)
+            print(fmt, kind, notes[f"{fmt}, {kind}"], flush=True)
+    for _ in range(a.decode_rounds):
+        for fmt in formats:
+            for kind in ("pageable", "pinned"):
+                for threads in (1, 2):
+                    rows.append({"row": f"decode alone, {fmt}, {kind}, {threads} decoder(s)",
+                                 "decode img/s": decode_alone(decs[:threads], sets[kind], fmt, 3.0)})
+                    print(rows[-1], flush=True)
     for name in filter(None, a.models.split(",")):
         rows += model_rows(name, decs, sets, bs, a.seconds, a.rounds)
     for dec in decs:
         dec.close()
-    import json
-
+    rerun = (f"python benchmarks/hw_output.py --per-class {a.per_class} --models {a.models} --formats {a.formats} "
+             f"--rounds {a.rounds} --decode-rounds {a.decode_rounds}")
     write("hw-output", rows, ["row", "train img/s", "vs alone", "per-round", "decode img/s"],
           f"{len(batches)} batches of {bs} from a 256 px JPEG cache (PIL q90 4:2:0); decoder: fastdata's "
-          f"HardwareJpegDecoder (nvJPEG hardware backend, 2 states each); resnets compiled, bf16, synthetic batch, {a.rounds} rounds, medians. Per-batch census (torch.profiler):\n\n"
-          f"```\n{json.dumps(notes, indent=1)}\n```\n\nRerun: `python benchmarks/hw_output.py --per-class "
-          f"{a.per_class} --models {a.models}`.", Path(a.out) if a.out else None)
-
+          f"HardwareJpegDecoder (nvJPEG hardware backend, 2 states each); resnets compiled, bf16, synthetic "
+          f"batch, {a.rounds} rounds, medians. Per-batch census (torch.profiler):\n\n"
+          f"```\n{json.dumps(notes, indent=1)}\n```\n\nRerun: `{rerun}`.", Path(a.out) if a.out else None)
 
 if __name__ == "__main__":
     main()
