@@ -93,7 +93,7 @@ class Tweaked:
         if ahead is not None:
             loader.backend.stage_ahead = ahead
         self.times: dict[str, list[float]] = {}
-        for name in ("_prepare", "_decode", "_augment", "_hold"):   # wall ms per call, printed on close
+        for name in ("read", "_prepare", "_decode", "_augment", "_hold"):   # wall ms per call, printed on close
             self._time(loader.backend, name)
 
     def _time(self, obj, name: str) -> None:
@@ -158,6 +158,16 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
          lambda: Tweaked(jpeg(hardware=False, pinned=True)), None),
         ("jpeg nvjpeg loader, engines, 2 lanes, pinned bytes (pinned=True)",
          lambda: Tweaked(jpeg(hardware=True, lanes=2, pinned=True)), None),
+        ("jpeg nvjpeg loader, engines, cpu share 0.3 (cpu_share=0.3)",
+         lambda: Tweaked(jpeg(hardware=True, cpu_share=0.3)), None),
+        ("jpeg nvjpeg loader, engines, cpu share 0.5", lambda: Tweaked(jpeg(hardware=True, cpu_share=0.5)), None),
+        ("jpeg nvjpeg loader, engines, cpu share 0.5, 14 threads",
+         lambda: Tweaked(jpeg(hardware=True, cpu_share=0.5, threads=14)), None),
+        ("jpeg nvjpeg loader, engines, 2 lanes, pinned bytes, cpu share 0.4",
+         lambda: Tweaked(jpeg(hardware=True, lanes=2, pinned=True, cpu_share=0.4)), None),
+        ("jpeg nvjpeg loader, torchvision, cpu share 0.5", lambda: Tweaked(jpeg(hardware=False, cpu_share=0.5)), None),
+        ("jpeg nvjpeg loader, cpu share 1.0 (every image by PIL, cropped on the GPU), 14 threads",
+         lambda: Tweaked(jpeg(hardware=True, cpu_share=1.0, threads=14)), None),
         ("jpeg nvjpeg loader, engines, batches discarded (synthetic x)", lambda: jpeg(hardware=True), lambda b: syn.x),
         ("jpeg nvjpeg loader, torchvision, batches discarded (synthetic x)", lambda: jpeg(hardware=False),
          lambda b: syn.x),

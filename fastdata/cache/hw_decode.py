@@ -45,6 +45,7 @@ class Planes(NamedTuple):
     heights: np.ndarray      # int64
     widths: np.ndarray
     views: list | None = None   # the decoder's own (3, H, W) tensors, where it made them
+    parts: tuple = ()           # the Planes this one joins (joined()), whose images() it lists
 
     @classmethod
     def of_images(cls, images: list[torch.Tensor]) -> "Planes":
@@ -54,10 +55,23 @@ class Planes(NamedTuple):
         return cls(images[first], ptrs - ptrs[first], np.array([im.shape[1] for im in images], dtype=np.int64),
                    np.array([im.shape[2] for im in images], dtype=np.int64), images)
 
+    @classmethod
+    def joined(cls, first: "Planes", then: "Planes") -> "Planes":
+        """Both batches as one, first's images first: offsets from the lower of the two bases, so one
+        planar crop kernel reads both allocations (nvJPEG's output and the pixels decoded on the CPU)."""
+        pa, pb = first.base.data_ptr(), then.base.data_ptr()
+        lo = min(pa, pb)
+        return cls(first.base if pa <= pb else then.base,
+                   np.concatenate([first.offsets + (pa - lo), then.offsets + (pb - lo)]),
+                   np.concatenate([first.heights, then.heights]), np.concatenate([first.widths, then.widths]),
+                   parts=(first, then))
+
     def images(self) -> list[torch.Tensor]:
         """A (3, H, W) view per image (made here when the decoder made none)."""
         if self.views is not None:
             return self.views
+        if self.parts:
+            return [im for part in self.parts for im in part.images()]
         flat = self.base.view(-1)
         return [flat[o:o + 3 * h * w].view(3, h, w) for o, h, w in
                 zip(self.offsets.tolist(), self.heights.tolist(), self.widths.tolist())]

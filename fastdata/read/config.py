@@ -79,9 +79,18 @@ class NvjpegOptions:
     # one host-synchronous pageable copy per image (benchmarks/hw_output.py counted it). Opt-in until
     # host_probe.py --jpeg --only pinned has measured it feeding a model on a GPU
     pinned: bool = False
+    # share of each batch decoded by PIL in the reader threads instead (read/backends/cpu_share.py), for a
+    # GPU whose decoder falls behind a fast model while the CPUs idle; batches whose sizes the header
+    # parse cannot give, or with turned (EXIF) images, stay whole on the GPU. 1.0 decodes every image
+    # on the CPU and crops on the GPU. Opt-in until host_probe.py --jpeg --only cpu has measured it
+    cpu_share: float = 0.0
 
     def check(self) -> None:
         check_mode(self.integrity)
+        if isinstance(self.cpu_share, bool) or not isinstance(self.cpu_share, (int, float)) \
+                or not 0.0 <= self.cpu_share <= 1.0:
+            raise LoaderError(f"NvjpegOptions(cpu_share={self.cpu_share!r}): give the share of each batch to "
+                              f"decode on the CPU, from 0.0 to 1.0")
         if not isinstance(self.lanes, int) or isinstance(self.lanes, bool) or self.lanes < 1:
             raise LoaderError(f"NvjpegOptions(lanes={self.lanes!r}): give a whole number of GPU threads, 1 or more")
 

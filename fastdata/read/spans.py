@@ -42,6 +42,11 @@ class EncodedBatch:
         return [self.buffers[k][a:b] for k, a, b in zip(self.which.tolist(), self.starts.tolist(),
                                                            self.ends.tolist())]
 
+    def take(self, lo: int, hi: int) -> "EncodedBatch":
+        """Samples lo..hi-1 (the same buffers)."""
+        return EncodedBatch(self.buffers, self.which[lo:hi], self.starts[lo:hi], self.ends[lo:hi],
+                            self.labels[lo:hi])
+
     def nbytes(self) -> int:
         return int((self.ends - self.starts).sum())
 

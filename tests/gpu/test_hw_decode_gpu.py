@@ -134,3 +134,23 @@ def test_bytes_packed_into_pinned_slots_decode_as_bytes_read_in_place(hardware, 
     assert len(outs[0]) == len(outs[1]) == 3 * -(-len(EncodedSource(jpeg_cache)) // 8)
     for (a, la), (b, lb) in zip(*outs):
         assert torch.equal(la, lb) and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("hardware,pinned,share", [(True, False, 0.5), (False, False, 0.5), (True, True, 0.4),
+                                                   (True, False, 1.0)])
+def test_a_cpu_share_of_each_batch_gives_the_gpus_batches_within_decoder_rounding(hardware, pinned, share,
+                                                                                  jpeg_cache):
+    """options.cpu_share: the last images of each batch decoded by PIL and joined to nvJPEG's give the
+    same labels and crop windows as the GPU alone, pixels within the two decoders' rounding."""
+    outs, counts = [], []
+    for cpu_share in (share, 0.0):
+        dl = fastdata.loader(jpeg_cache, 8, backend="nvjpeg", device="cuda", seed=3, hardware=hardware,
+                             pinned=pinned, cpu_share=cpu_share, prefetch=1,
+                             augment=AugmentConfig(size=40, dtype="float32", mean=(0, 0, 0), std=(1, 1, 1)))
+        outs.append([(b.images.float().cpu(), b.labels.cpu()) for _ in range(2) for b in dl])
+        counts.append(dict(dl.backend.decoded))
+        dl.close()
+    assert counts[0]["cpu"] > 0 and counts[1]["cpu"] == 0
+    for (a, la), (b, lb) in zip(*outs):
+        assert torch.equal(la, lb) and a.shape == b.shape
+        assert (a - b).abs().mean() * 255 < 2.0

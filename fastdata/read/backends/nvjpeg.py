@@ -40,6 +40,7 @@ from ..encoded import EncodedSource
 from ...cache.hw_decode import HardwareDecodeError, Planes, open_hardware_decoder
 from ..spans import EncodedBatch
 from . import BaseBackend
+from .cpu_share import cpu_count, decode_pixels, upload_planar
 from .decode import batch_rng, draw_flips, source_attrs
 from .gpu_resize import crop_resize, pack, pack_spans
 
@@ -77,7 +78,8 @@ class NvjpegBackend(BaseBackend):
         self._lane, self._lanes, self._lock = threading.local(), [], threading.Lock()
         self._triton = resolve_kernel(cfg.augment, device) == "triton"
         self.hardware = "nvJPEG hardware backend" if cfg.options.hardware else "off (options.hardware=False)"
-        self.decoded = {"hardware": 0, "torchvision": 0}
+        self.decoded = {"hardware": 0, "torchvision": 0, "cpu": 0}
+        self._share = cfg.options.cpu_share
         self._spare = [self._new_lane()]    # the first lane now: a GPU without engines says so at once
         self._engines = self._spare[0]["hw"] is not None
 
@@ -116,18 +118,34 @@ class NvjpegBackend(BaseBackend):
     def read(self, key, idx: np.ndarray, slot):
         rng = batch_rng(self.cfg.seed, key, self.cfg.batch_size)
         batch = self.encoded.get_spans(idx)
-        if self.cfg.options.pinned:
-            batch = self._pack(batch, slot)
         labels = torch.from_numpy(batch.labels)
         flips = torch.from_numpy(draw_flips(len(idx), self.cfg.augment, rng))
         if self.encoded.kind == "cache-jpeg":       # a cache is built upright: sizes only, by numpy
-            return batch, labels, flips, rng, idx, batch.baseline_sizes() if self._engines else None, None
-        scans = [jpeg_scan(e) for e in batch.arrays()]
-        return batch, labels, flips, rng, idx, self._baseline_sizes(scans), exif_turns(scans)
+            sizes, turns = batch.baseline_sizes() if self._engines or self._share else None, None
+        else:
+            scans = [jpeg_scan(e) for e in batch.arrays()]
+            sizes, turns = self._baseline_sizes(scans), exif_turns(scans)
+        batch, sizes, cpu = self._split(batch, idx, sizes, turns)
+        if self.cfg.options.pinned:
+            batch = self._pack(batch, slot)
+        return batch, labels, flips, rng, idx, sizes, turns, cpu
+
+    def _split(self, batch: EncodedBatch, idx, sizes, turns):
+        """Reader thread: (the GPU's part, its sizes, the CPU's part decoded or None): the last
+        options.cpu_share of a batch whose sizes are known and whose images are upright."""
+        k = cpu_count(self._share, len(batch)) if sizes is not None and turns is None else 0
+        if k == 0:
+            return batch, sizes, None
+        m = len(batch) - k
+        h, w = sizes
+        pixels = decode_pixels(batch.take(m, len(batch)).arrays(), h[m:], w[m:],
+                               lambda j: self.encoded.name(int(idx[m + j])), pin=True)
+        self._count("cpu", k)
+        return batch.take(0, m), (h[:m], w[:m]), (pixels, h[m:], w[m:])
 
     def _baseline_sizes(self, scans) -> tuple[np.ndarray, np.ndarray] | None:
-        """Reader thread: (heights, widths) when the engines can take every image of the batch."""
-        if not self._engines:
+        """Reader thread: (heights, widths) when the engines (or the CPU's share) can take every image."""
+        if not self._engines and not self._share:
             return None
         sizes = [baseline_size(scan=s) for s in scans]
         if not sizes or any(s is None for s in sizes):
@@ -177,13 +195,16 @@ class NvjpegBackend(BaseBackend):
 
     def _prepare(self, out):
         """GPU thread, own stream: the finished batch and the event that marks it ready."""
-        encoded, labels, flips, rng, idx, sizes, turns = out
+        encoded, labels, flips, rng, idx, sizes, turns, cpu = out
         lane = self._lane_state()
         with torch.cuda.stream(lane["stream"]):
-            raw = decoded = self._decode(encoded, idx, sizes, lane)
+            raw = decoded = self._decode(encoded, idx, sizes, lane) if len(encoded) else None
             if turns is not None:   # phone photos: turned as PIL and DALI turn them, then contiguous
                 decoded = Planes.of_images([upright(x, int(t)).contiguous() if t != 1 else x
                                             for x, t in zip(raw.images(), turns)])
+            if cpu is not None:     # the CPU's share (cpu_share.py), after the GPU's images
+                mine = upload_planar(*cpu, self.device)
+                decoded = mine if raw is None else Planes.joined(raw, mine)
             images = self._augment(decoded, rng, flips)
             labels = to_device(labels, self.device)     # pinned: no wait for this batch's decode
             ready = torch.cuda.Event()

@@ -1,0 +1,65 @@
+"""The CPU's share of an nvjpeg batch (NvjpegOptions.cpu_share): its last images decoded by PIL in the
+reader thread, uploaded as pixels, and cropped by the same planar kernel as nvJPEG's output.
+
+Why: beside a fast model nvJPEG's hardware batch is a serial round trip per image (a copy, a colour
+kernel and a host wait each: benchmarks/hw_output.py), which the training's kernels stretch: beside
+resnet18 on an H100 it decoded 8.2-12.3k img/s where the model takes ~16k, while most of the 16 CPU
+cores sat idle. libjpeg-turbo decodes a 256 px cache image in ~0.26 ms on one core of the CPU box,
+and PIL releases the GIL while it does. Splitting each batch between the two, as DALI's
+hw_decoder_load splits between engines and CUDA, puts both to work. The crop boxes and flips are
+drawn for the whole batch before the split, so a batch's windows do not depend on the share; its
+pixels differ by the two decoders' rounding (IDCT, chroma upsampling) only.
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ...cache.hw_decode import Planes
+from ...errors import LoaderError
+
+
+def cpu_count(share: float, n: int) -> int:
+    """How many of a batch of n images the CPU decodes."""
+    return min(n, int(round(share * n)))
+
+
+def decode_pixels(arrays: list[np.ndarray], heights: np.ndarray, widths: np.ndarray, name_of,
+                  pin: bool) -> torch.Tensor:
+    """Reader thread: each JPEG decoded to RGB at its header's size, HWC, back to back in one uint8
+    tensor (pinned where pin, so the upload is a DMA that waits for nothing). name_of(j) names image j
+    in an error."""
+    sizes = heights * widths * 3
+    out = torch.empty(int(sizes.sum()), dtype=torch.uint8, pin_memory=pin)
+    flat, at = out.numpy(), 0
+    for j, (data, h, w, n) in enumerate(zip(arrays, heights.tolist(), widths.tolist(), sizes.tolist())):
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                img = im if im.mode == "RGB" else im.convert("RGB")
+                if img.size != (w, h):
+                    raise OSError(f"decoded {img.size[0]}x{img.size[1]}, header says {w}x{h}")
+                flat[at:at + n] = np.asarray(img).reshape(-1)
+        except (OSError, ValueError, Image.DecompressionBombError) as e:
+            raise LoaderError(f"{name_of(j)}: {e}; fix or remove the file, or run `fastdata build-cache` to "
+                              f"quarantine bad files first") from None
+        at += n
+    return out
+
+
+def upload_planar(pixels: torch.Tensor, heights: np.ndarray, widths: np.ndarray, device) -> Planes:
+    """GPU thread, on its stream: decode_pixels' output on the GPU as planar RGB (nvJPEG's layout),
+    in one transposing copy when the images share a size (a cache built at a fixed size)."""
+    dev = pixels.to(device, non_blocking=True)
+    n = len(heights)
+    if n and (heights == heights[0]).all() and (widths == widths[0]).all():
+        h, w = int(heights[0]), int(widths[0])
+        planar = dev.view(n, h, w, 3).permute(0, 3, 1, 2).contiguous()
+        return Planes(planar, np.arange(n, dtype=np.int64) * (3 * h * w), heights, widths)
+    images, at = [], 0
+    for h, w in zip(heights.tolist(), widths.tolist()):
+        images.append(dev[at:at + h * w * 3].view(h, w, 3).permute(2, 0, 1).contiguous())
+        at += h * w * 3
+    return Planes.of_images(images)
