@@ -119,6 +119,20 @@ class Tweaked:
                                    for k, v in self.times.items() if v), flush=True)
 
 
+class PilShare(Tweaked):
+    """A loader whose CPU share is decoded by PIL instead of torchvision (cpu_share.DECODER), restored on close."""
+
+    def __init__(self, make) -> None:
+        from fastdata.read.backends import cpu_share
+
+        self.module, self.was, cpu_share.DECODER = cpu_share, cpu_share.DECODER, "pil"
+        super().__init__(make())
+
+    def close(self) -> None:
+        self.module.DECODER = self.was
+        super().close()
+
+
 class Patched(Tweaked):
     """A loader made while the lanes' stream priority and/or our binding's nvJPEG backend (nvjpeg.h:
     3 hardware, 2 GPU Huffman) are patched; both restored once it is made (they are read at creation)."""
@@ -165,6 +179,8 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
          lambda: Tweaked(jpeg(hardware=True, cpu_share=0.5, threads=14)), None),
         ("jpeg nvjpeg loader, engines, 2 lanes, pinned bytes, cpu share 0.4",
          lambda: Tweaked(jpeg(hardware=True, lanes=2, pinned=True, cpu_share=0.4)), None),
+        ("jpeg nvjpeg loader, engines, cpu share 0.5 by PIL", lambda: PilShare(lambda: jpeg(hardware=True, cpu_share=0.5)),
+         None),
         ("jpeg nvjpeg loader, torchvision, cpu share 0.5", lambda: Tweaked(jpeg(hardware=False, cpu_share=0.5)), None),
         ("jpeg nvjpeg loader, cpu share 1.0 (every image by PIL, cropped on the GPU), 14 threads",
          lambda: Tweaked(jpeg(hardware=True, cpu_share=1.0, threads=14)), None),

@@ -11,6 +11,7 @@ from PIL import Image
 
 from fastdata.cache.hw_decode import Planes
 from fastdata.errors import LoaderError
+from fastdata.read.backends import cpu_share
 from fastdata.read.backends.cpu_share import cpu_count, decode_pixels, upload_planar
 from fastdata.read.config import split_options
 
@@ -63,6 +64,10 @@ def test_uploaded_pixels_are_planar_images_at_their_offsets(sizes):
         assert np.array_equal(im.numpy(), _pil(j).transpose(2, 0, 1))
         assert planes.base.data_ptr() + int(planes.offsets[k]) == im.data_ptr()
     assert planes.heights.tolist() == h.tolist() and planes.widths.tolist() == w.tolist()
+    flat = torch.cat([torch.from_numpy(_pil(j).transpose(2, 0, 1).copy()).view(-1) for j in jpegs])
+    ready = upload_planar(flat, h, w, torch.device("cpu"), planar=True)     # torchvision's layout: as it is
+    for k, (j, im) in enumerate(zip(jpegs, ready.images())):
+        assert np.array_equal(im.numpy(), _pil(j).transpose(2, 0, 1))
 
 
 def test_joined_planes_address_both_allocations_from_the_lower_base():
@@ -85,13 +90,16 @@ def test_the_cpu_takes_the_last_share_of_an_upright_batch_with_known_sizes(jpeg_
 
     empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **kw: empty(*a, **kw))  # no CUDA here
+    monkeypatch.setattr(cpu_share, "DECODER", "pil")       # (no torchvision beside this torch)
     src = EncodedSource(jpeg_cache)
     counted = {}
-    me = SimpleNamespace(_share=0.4, encoded=src, _count=lambda which, n: counted.__setitem__(which, n))
+    me = SimpleNamespace(_share=0.4, encoded=src, _count=lambda which, n: counted.__setitem__(which, n),
+                         device=torch.device("cpu"))
     idx = np.array([3, 0, 5, 1, 7])
     batch = src.get_spans(idx)
     sizes = batch.baseline_sizes()
-    gpu, gpu_sizes, (pixels, h, w) = NvjpegBackend._split(me, batch, idx, sizes, None)
+    gpu, gpu_sizes, (pixels, h, w, device, planar) = NvjpegBackend._split(me, batch, idx, sizes, None)
+    assert device == me.device and planar is False
     assert len(gpu) == 3 and counted == {"cpu": 2}
     assert all(np.array_equal(x, y) for x, y in zip(gpu.arrays(), batch.arrays()[:3]))
     assert gpu_sizes[0].tolist() == sizes[0][:3].tolist() and h.tolist() == sizes[0][3:].tolist()

@@ -136,12 +136,16 @@ def test_bytes_packed_into_pinned_slots_decode_as_bytes_read_in_place(hardware, 
         assert torch.equal(la, lb) and torch.equal(a, b)
 
 
-@pytest.mark.parametrize("hardware,pinned,share", [(True, False, 0.5), (False, False, 0.5), (True, True, 0.4),
-                                                   (True, False, 1.0)])
-def test_a_cpu_share_of_each_batch_gives_the_gpus_batches_within_decoder_rounding(hardware, pinned, share,
-                                                                                  jpeg_cache):
-    """options.cpu_share: the last images of each batch decoded by PIL and joined to nvJPEG's give the
+@pytest.mark.parametrize("hardware,pinned,share,decoder", [
+    (True, False, 0.5, "torchvision"), (False, False, 0.5, "torchvision"), (True, True, 0.4, "torchvision"),
+    (True, False, 1.0, "torchvision"), (True, False, 0.5, "pil")])
+def test_a_cpu_share_of_each_batch_gives_the_gpus_batches_within_decoder_rounding(hardware, pinned, share, decoder,
+                                                                                  jpeg_cache, monkeypatch):
+    """options.cpu_share: the last images of each batch decoded on the CPU and joined to nvJPEG's give the
     same labels and crop windows as the GPU alone, pixels within the two decoders' rounding."""
+    from fastdata.read.backends import cpu_share
+
+    monkeypatch.setattr(cpu_share, "DECODER", decoder)
     outs, counts = [], []
     for cpu_share in (share, 0.0):
         dl = fastdata.loader(jpeg_cache, 8, backend="nvjpeg", device="cuda", seed=3, hardware=hardware,

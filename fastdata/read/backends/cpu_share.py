@@ -22,6 +22,12 @@ from ...cache.hw_decode import Planes
 from ...errors import LoaderError
 
 
+# which CPU decoder: "torchvision" (libjpeg-turbo through torch.ops: one GIL release per image, planar
+# output) or "pil" (Image.open parses the markers in Python and tobytes copies in 64 KB calls: about
+# 90 us of GIL per image on the CPU box). The probe rows compare them (host_probe.py --jpeg)
+DECODER = "torchvision"
+
+
 def cpu_count(share: float, n: int) -> int:
     """How many of a batch of n images the CPU decodes."""
     return min(n, int(round(share * n)))
@@ -49,11 +55,43 @@ def decode_pixels(arrays: list[np.ndarray], heights: np.ndarray, widths: np.ndar
     return out
 
 
-def upload_planar(pixels: torch.Tensor, heights: np.ndarray, widths: np.ndarray, device) -> Planes:
-    """GPU thread, on its stream: decode_pixels' output on the GPU as planar RGB (nvJPEG's layout),
-    in one transposing copy when the images share a size (a cache built at a fixed size)."""
+def decode_planes(arrays: list[np.ndarray], heights: np.ndarray, widths: np.ndarray, name_of,
+                  pin: bool) -> torch.Tensor:
+    """decode_pixels by torchvision's CPU decode_jpeg: planar (CHW) images back to back."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    out = torch.empty(int((heights * widths * 3).sum()), dtype=torch.uint8, pin_memory=pin)
+    try:
+        images = decode_jpeg([torch.from_numpy(a) for a in arrays], mode=ImageReadMode.RGB)
+    except RuntimeError:   # name the bad one: PIL's message, per image
+        decode_pixels(arrays, heights, widths, name_of, pin=False)
+        raise
+    for j, (im, h, w) in enumerate(zip(images, heights.tolist(), widths.tolist())):
+        if tuple(im.shape) != (3, h, w):
+            raise LoaderError(f"{name_of(j)}: decoded {im.shape[2]}x{im.shape[1]}, header says {w}x{h}; fix or "
+                              f"remove the file, or run `fastdata build-cache` to quarantine bad files first")
+    torch.cat([im.view(-1) for im in images], out=out)
+    return out
+
+
+def decode_cpu(arrays, heights, widths, name_of, pin: bool) -> tuple[torch.Tensor, bool]:
+    """(pixels, planar) by DECODER."""
+    if DECODER == "torchvision":
+        return decode_planes(arrays, heights, widths, name_of, pin), True
+    return decode_pixels(arrays, heights, widths, name_of, pin), False
+
+
+def upload_planar(pixels: torch.Tensor, heights: np.ndarray, widths: np.ndarray, device,
+                  planar: bool = False) -> Planes:
+    """GPU thread, on its stream: decode_cpu's output on the GPU as planar RGB (nvJPEG's layout): as it
+    is when planar, else in one transposing copy when the images share a size (a cache built at a
+    fixed size), one per image otherwise."""
     dev = pixels.to(device, non_blocking=True)
     n = len(heights)
+    if planar:
+        offsets = np.zeros(n, np.int64)
+        np.cumsum((heights * widths * 3)[:-1], out=offsets[1:])
+        return Planes(dev, offsets, heights, widths)
     if n and (heights == heights[0]).all() and (widths == widths[0]).all():
         h, w = int(heights[0]), int(widths[0])
         planar = dev.view(n, h, w, 3).permute(0, 3, 1, 2).contiguous()

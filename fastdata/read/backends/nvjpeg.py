@@ -40,7 +40,7 @@ from ..encoded import EncodedSource
 from ...cache.hw_decode import HardwareDecodeError, Planes, open_hardware_decoder
 from ..spans import EncodedBatch
 from . import BaseBackend
-from .cpu_share import cpu_count, decode_pixels, upload_planar
+from .cpu_share import cpu_count, decode_cpu, upload_planar
 from .decode import batch_rng, draw_flips, source_attrs
 from .gpu_resize import crop_resize, pack, pack_spans
 
@@ -138,10 +138,10 @@ class NvjpegBackend(BaseBackend):
             return batch, sizes, None
         m = len(batch) - k
         h, w = sizes
-        pixels = decode_pixels(batch.take(m, len(batch)).arrays(), h[m:], w[m:],
-                               lambda j: self.encoded.name(int(idx[m + j])), pin=True)
+        pixels, planar = decode_cpu(batch.take(m, len(batch)).arrays(), h[m:], w[m:],
+                                    lambda j: self.encoded.name(int(idx[m + j])), pin=True)
         self._count("cpu", k)
-        return batch.take(0, m), (h[:m], w[:m]), (pixels, h[m:], w[m:])
+        return batch.take(0, m), (h[:m], w[:m]), (pixels, h[m:], w[m:], self.device, planar)
 
     def _baseline_sizes(self, scans) -> tuple[np.ndarray, np.ndarray] | None:
         """Reader thread: (heights, widths) when the engines (or the CPU's share) can take every image."""
@@ -203,7 +203,7 @@ class NvjpegBackend(BaseBackend):
                 decoded = Planes.of_images([upright(x, int(t)).contiguous() if t != 1 else x
                                             for x, t in zip(raw.images(), turns)])
             if cpu is not None:     # the CPU's share (cpu_share.py), after the GPU's images
-                mine = upload_planar(*cpu, self.device)
+                mine = upload_planar(*cpu)
                 decoded = mine if raw is None else Planes.joined(raw, mine)
             images = self._augment(decoded, rng, flips)
             labels = to_device(labels, self.device)     # pinned: no wait for this batch's decode
