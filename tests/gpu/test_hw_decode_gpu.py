@@ -147,9 +147,9 @@ def test_a_cpu_share_of_each_batch_gives_the_gpus_batches_within_decoder_roundin
 
     monkeypatch.setattr(cpu_share, "DECODER", decoder)
     outs, counts = [], []
-    for cpu_share in (share, 0.0):
+    for part in (share, 0.0):
         dl = fastdata.loader(jpeg_cache, 8, backend="nvjpeg", device="cuda", seed=3, hardware=hardware,
-                             pinned=pinned, cpu_share=cpu_share, prefetch=1,
+                             pinned=pinned, cpu_share=part, prefetch=1,
                              augment=AugmentConfig(size=40, dtype="float32", mean=(0, 0, 0), std=(1, 1, 1)))
         outs.append([(b.images.float().cpu(), b.labels.cpu()) for _ in range(2) for b in dl])
         counts.append(dict(dl.backend.decoded))
