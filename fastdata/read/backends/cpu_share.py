@@ -63,9 +63,10 @@ def decode_planes(arrays: list[np.ndarray], heights: np.ndarray, widths: np.ndar
     out = torch.empty(int((heights * widths * 3).sum()), dtype=torch.uint8, pin_memory=pin)
     try:
         images = decode_jpeg([torch.from_numpy(a) for a in arrays], mode=ImageReadMode.RGB)
-    except RuntimeError:   # name the bad one: PIL's message, per image
+    except RuntimeError as e:   # name the bad one by PIL's message, per image; else torchvision's
         decode_pixels(arrays, heights, widths, name_of, pin=False)
-        raise
+        raise LoaderError(f"torchvision could not decode one of {name_of(0)} .. {name_of(len(arrays) - 1)} "
+                          f"({str(e).splitlines()[0][:120]}); set cpu_share=0 to decode them on the GPU") from e
     for j, (im, h, w) in enumerate(zip(images, heights.tolist(), widths.tolist())):
         if tuple(im.shape) != (3, h, w):
             raise LoaderError(f"{name_of(j)}: decoded {im.shape[2]}x{im.shape[1]}, header says {w}x{h}; fix or "
