@@ -198,6 +198,8 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("jpeg nvjpeg loader, GPU Huffman (ours), 2 lanes, high priority",
          lambda: Patched(jpeg, priority=-1, nvjpeg_backend=2, hardware=True, lanes=2), None),
         ("jpeg nvjpeg loader, GPU Huffman (ours), 1 lane", lambda: Patched(jpeg, nvjpeg_backend=2, hardware=True), None),
+        ("jpeg nvjpeg loader, CPU Huffman (ours, nvJPEG hybrid backend), 2 lanes",
+         lambda: Patched(jpeg, nvjpeg_backend=1, hardware=True, lanes=2), None),
         ("jpeg nvjpeg loader, torchvision, high priority", lambda: Patched(jpeg, priority=-1, hardware=False), None),
         ("jpeg nvjpeg loader, engines, 4 reader threads", lambda: Tweaked(jpeg(hardware=True, threads=4)), None),
         (f"synthetic + nvJPEG decode in a thread, {rate:.0f} batches/s", lambda: DecodeThread(syn, jpeg_cache, bs, rate),
