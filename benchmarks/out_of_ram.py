@@ -31,20 +31,25 @@ print("ready", flush=True)
 sys.stdin.readline()                     # the parent has put this process in the cgroup: budget from it
 budget = os.environ.get("OOR_BUDGET") or "auto"   # set where no cgroup could be made
 threads = int(os.environ["OOR_THREADS"]) if os.environ.get("OOR_THREADS") else None
+t_open = time.perf_counter()
 dl = fastdata.loader(cache, bs, device="cuda" if __import__("torch").cuda.is_available() else "cpu",
                      memory=None if mode == "mmap" else budget, integrity="off", threads=threads)
+t_open = time.perf_counter() - t_open
 
 def read_bytes():
     return int(dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())["read_bytes"])
 
 out = []
 for epoch in range(epochs):
-    io0, t0, n = read_bytes(), time.perf_counter(), 0
+    io0, t0, n, first = read_bytes(), time.perf_counter(), 0, None
     for b in dl:
         n += len(b[1])
+        if first is None:
+            first, n_first = time.perf_counter() - t0, n
     dt = time.perf_counter() - t0
     cov = dl.coverage()
-    out.append({"images": n, "seconds": dt, "read_bytes": read_bytes() - io0, "seen": cov["seen"],
+    out.append({"images": n, "seconds": dt, "first": first, "after_first": (n - n_first) / n, "open": t_open,
+                "read_bytes": read_bytes() - io0, "seen": cov["seen"],
                 "repeated": cov["repeated"], "window": dl.order.cfg.window,
                 "streaming": dl.backend._streamer is not None})
 print(json.dumps(out), flush=True)
@@ -141,7 +146,8 @@ def main() -> None:
             if "seconds" in r:
                 mbps = total / r["seconds"]
                 r.update({"img/s": r["images"] / r["seconds"], "MB/s": mbps / 1e6, "dd MB/s": dd / 1e6,
-                          "x dd": f"{mbps / dd:.2f}",
+                          "x dd": f"{mbps / dd:.2f}", "first batch s": f"{r['first']:.2f}",
+                          "x dd after it": f"{total * r['after_first'] / (r['seconds'] - r['first']) / dd:.2f}",
                           "disk x dd": f"{r['read_bytes'] / r['seconds'] / dd:.2f}",
                           "read / cache bytes": f"{r['read_bytes'] / total:.3f}"})
             rows.append(r)
@@ -151,10 +157,18 @@ def main() -> None:
              f"first: epoch 1 starts cold, later epochs are a training run's steady state (their first "
              f"batches were read ahead at the end of the epoch before). x dd: the epoch's cache bytes per second over "
              f"dd's; disk x dd: the bytes the process read from storage (/proc/self/io) per second over dd's (below "
-             f"x dd where some pages were still cached from the epoch before).\n\nRerun: "
+             f"x dd where some pages were still cached from the epoch before). first batch s: from the epoch's "
+             f"first request to its first batch (the loader was made before, its shards' metadata read cold: "
+             f"'open s'); x dd after it: the rest of the epoch's bytes per second over dd's, the rate an "
+             f"epoch of a large data set is made of.\n\nRerun: "
              f"`python benchmarks/out_of_ram.py --images {a.images} --size {a.size} --memory {a.memory} "
              f"--epochs {a.epochs}`")
+    for r in rows:
+        if "open" in r:
+            opened = r.pop("open")
+            r["open s"] = f"{opened:.2f}" if r["epoch"] == 1 else ""
     write("out-of-ram", rows, ["row", "epoch", "streaming", "window", "img/s", "MB/s", "dd MB/s", "x dd",
+                               "open s", "first batch s", "x dd after it",
                                "read / cache bytes", "disk x dd", "seen", "repeated", "peak_mb", "cgroup"], notes)
 
 
