@@ -79,10 +79,10 @@ class NvjpegOptions:
     # one host-synchronous pageable copy per image (benchmarks/hw_output.py counted it). Opt-in until
     # host_probe.py --jpeg --only pinned has measured it feeding a model on a GPU
     pinned: bool = False
-    # share of each batch decoded by PIL in the reader threads instead (read/backends/cpu_share.py), for a
+    # share of each batch decoded on the CPU in the reader threads instead (read/backends/cpu_share.py), for a
     # GPU whose decoder falls behind a fast model while the CPUs idle; batches whose sizes the header
     # parse cannot give, or with turned (EXIF) images, stay whole on the GPU. 1.0 decodes every image
-    # on the CPU and crops on the GPU. Opt-in until host_probe.py --jpeg --only cpu has measured it
+    # on the CPU and crops on the GPU. Opt-in until host_probe.py --jpeg --only "cpu share" has measured it
     cpu_share: float = 0.0
 
     def check(self) -> None:

@@ -1,11 +1,12 @@
-"""The CPU's share of an nvjpeg batch (NvjpegOptions.cpu_share): its last images decoded by PIL in the
-reader thread, uploaded as pixels, and cropped by the same planar kernel as nvJPEG's output.
+"""The CPU's share of an nvjpeg batch (NvjpegOptions.cpu_share): its last images decoded in the reader
+thread (libjpeg-turbo, through torchvision's CPU decode_jpeg or PIL: DECODER), uploaded as pixels,
+and cropped by the same planar kernel as nvJPEG's output.
 
 Why: beside a fast model nvJPEG's hardware batch is a serial round trip per image (a copy, a colour
 kernel and a host wait each: benchmarks/hw_output.py), which the training's kernels stretch: beside
 resnet18 on an H100 it decoded 8.2-12.3k img/s where the model takes ~16k, while most of the 16 CPU
-cores sat idle. libjpeg-turbo decodes a 256 px cache image in ~0.26 ms on one core of the CPU box,
-and PIL releases the GIL while it does. Splitting each batch between the two, as DALI's
+cores sat idle. libjpeg-turbo decodes a 256 px cache image in ~0.3 ms on one core of the CPU box
+(PIL), with the GIL released meanwhile. Splitting each batch between the two, as DALI's
 hw_decoder_load splits between engines and CUDA, puts both to work. The crop boxes and flips are
 drawn for the whole batch before the split, so a batch's windows do not depend on the share; its
 pixels differ by the two decoders' rounding (IDCT, chroma upsampling) only.
