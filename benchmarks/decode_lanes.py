@@ -30,6 +30,9 @@ def rows_wanted() -> list[tuple[str, dict, str]]:
     for backend in ("default", "hybrid", "gpu_hybrid"):
         for lanes in (1, 4):
             out.append((f"ours, {backend} backend, {lanes} lane(s)", dict(hardware=True, lanes=lanes), backend))
+    for share, threads in ((0.3, 8), (0.5, 8), (0.5, 14), (1.0, 14)):   # the CPU's share (cpu_share.py)
+        out.append((f"ours, engines, cpu share {share}, {threads} threads",
+                    dict(hardware=True, cpu_share=share, threads=threads), "hardware"))
     return out
 
 
@@ -40,8 +43,8 @@ def measure(jpeg: Path, bs: int, seconds: float, options: dict, backend: str) ->
 
     old, hw_decode._BACKEND_HARDWARE = hw_decode._BACKEND_HARDWARE, BACKENDS[backend]
     try:
-        dl = fastdata.loader(jpeg, bs, device="cuda", backend="nvjpeg", threads=8, drop_last=True,
-                             augment=AugmentConfig(size=224, dtype="bfloat16"), **options)
+        dl = fastdata.loader(jpeg, bs, device="cuda", backend="nvjpeg", drop_last=True,
+                             augment=AugmentConfig(size=224, dtype="bfloat16"), **{"threads": 8, **options})
         try:
             rate = drain(dl, seconds)
             return {"img/s": rate, "decoder": dl.backend.hardware, **dl.backend.decoded}
@@ -69,8 +72,9 @@ def main() -> None:
         r = {"variant": name, **measure(Path(a.jpeg), a.batch_size, a.seconds, options, backend)}
         print(r, flush=True)
         rows.append(r)
-    write("decode-lanes", rows, ["variant", "img/s", "decoder", "hardware", "torchvision"],
-          f"The nvjpeg loader alone on {a.jpeg}, batch {a.batch_size}, 224 px bf16 crops, 8 reader threads, "
+    write("decode-lanes", rows, ["variant", "img/s", "decoder", "hardware", "torchvision", "cpu"],
+          f"The nvjpeg loader alone on {a.jpeg}, batch {a.batch_size}, 224 px bf16 crops, 8 reader threads "
+          f"unless the row says, "
           f"{a.seconds:.0f} s per row. Rerun: `python benchmarks/decode_lanes.py --jpeg JPEG_CACHE`.",
           Path(a.out) if a.out else None)
 
