@@ -31,9 +31,10 @@ print("ready", flush=True)
 sys.stdin.readline()                     # the parent has put this process in the cgroup: budget from it
 budget = os.environ.get("OOR_BUDGET") or "auto"   # set where no cgroup could be made
 threads = int(os.environ["OOR_THREADS"]) if os.environ.get("OOR_THREADS") else None
+device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
+make = fastdata.loader                   # (imports torch and the reader: not part of opening the cache)
 t_open = time.perf_counter()
-dl = fastdata.loader(cache, bs, device="cuda" if __import__("torch").cuda.is_available() else "cpu",
-                     memory=None if mode == "mmap" else budget, integrity="off", threads=threads)
+dl = make(cache, bs, device=device, memory=None if mode == "mmap" else budget, integrity="off", threads=threads)
 t_open = time.perf_counter() - t_open
 
 def read_bytes():
