@@ -142,7 +142,7 @@ class NvjpegBackend(BaseBackend):
         pixels, planar = decode_cpu(batch.take(m, len(batch)).arrays(), h[m:], w[m:],
                                     lambda j: self.encoded.name(int(idx[m + j])), pin=True)
         self._count("cpu", k)
-        return batch.take(0, m), (h[:m], w[:m]), (pixels, h[m:], w[m:], self.device, planar)
+        return batch.take(0, m), (h[:m], w[:m]), (pixels, h[m:], w[m:], planar)
 
     def _baseline_sizes(self, scans) -> tuple[np.ndarray, np.ndarray] | None:
         """Reader thread: (heights, widths) when the engines (or the CPU's share) can take every image."""
@@ -204,7 +204,8 @@ class NvjpegBackend(BaseBackend):
                 decoded = Planes.of_images([upright(x, int(t)).contiguous() if t != 1 else x
                                             for x, t in zip(raw.images(), turns)])
             if cpu is not None:     # the CPU's share (cpu_share.py), after the GPU's images
-                mine = upload_planar(*cpu)
+                pixels, heights, widths, planar = cpu
+                mine = upload_planar(pixels, heights, widths, self.device, planar)
                 decoded = mine if raw is None else Planes.joined(raw, mine)
             images = self._augment(decoded, rng, flips)
             labels = to_device(labels, self.device)     # pinned: no wait for this batch's decode
