@@ -147,7 +147,8 @@ def main() -> None:
             if "seconds" in r:
                 mbps = total / r["seconds"]
                 r.update({"img/s": r["images"] / r["seconds"], "MB/s": mbps / 1e6, "dd MB/s": dd / 1e6,
-                          "x dd": f"{mbps / dd:.2f}", "first batch s": f"{r['first']:.2f}",
+                          "x dd": f"{mbps / dd:.2f}", "open s": f"{r['open']:.2f}" if r["epoch"] == 1 else "",
+                          "first batch s": f"{r['first']:.2f}",
                           "x dd after it": f"{total * r['after_first'] / (r['seconds'] - r['first']) / dd:.2f}",
                           "disk x dd": f"{r['read_bytes'] / r['seconds'] / dd:.2f}",
                           "read / cache bytes": f"{r['read_bytes'] / total:.3f}"})
@@ -164,10 +165,6 @@ def main() -> None:
              f"epoch of a large data set is made of.\n\nRerun: "
              f"`python benchmarks/out_of_ram.py --images {a.images} --size {a.size} --memory {a.memory} "
              f"--epochs {a.epochs}`")
-    for r in rows:
-        if "open" in r:
-            opened = r.pop("open")
-            r["open s"] = f"{opened:.2f}" if r["epoch"] == 1 else ""
     write("out-of-ram", rows, ["row", "epoch", "streaming", "window", "img/s", "MB/s", "dd MB/s", "x dd",
                                "open s", "first batch s", "x dd after it",
                                "read / cache bytes", "disk x dd", "seen", "repeated", "peak_mb", "cgroup"], notes)
