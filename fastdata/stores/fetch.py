@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import logging
 import os
+import stat
 import threading
 import time
 import weakref
@@ -94,8 +95,12 @@ class RemoteShards:
     # ---- fetching ---------------------------------------------------------------------------------
     def _download(self, i: int) -> Path:
         info, final = self.shards[i], self.path(i)
-        if final.is_file() and final.stat().st_size == info.bytes:
-            return final                                   # warm folder
+        try:   # one stat: an eviction on another thread may delete the file between two checks
+            st = final.stat()
+            if stat.S_ISREG(st.st_mode) and st.st_size == info.bytes:
+                return final                               # warm folder (get() re-checks it still exists)
+        except FileNotFoundError:
+            pass
         url = join(self.url, info.name)
         tmp = final.with_name(f"{info.name}.part-{os.getpid()}-{next(_part_ids)}")
         for attempt in range(1, ATTEMPTS + 1):
