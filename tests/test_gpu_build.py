@@ -144,6 +144,33 @@ def test_a_batch_the_decoder_refuses_goes_through_the_cpu_codec(messy_folder, tm
     assert len(cpu.manifest.quarantined) == 1
 
 
+def test_the_next_batch_is_read_while_this_one_decodes(messy_folder, tmp_path, monkeypatch):
+    """A shard's reads of batch k+1 are under way before batch k's decode returns: the stand-in decoder of
+    the first batch waits until a file of the second has been read, which fails without the read-ahead."""
+    import threading
+
+    read_second, first, real_read = threading.Event(), [], gpu_build._read
+
+    def read(item, options):
+        if first and item.path not in first[0]:
+            read_second.set()
+        return real_read(item, options)
+
+    def decode(datas):
+        if len(first) == 1:
+            first.append(read_second.wait(60))
+        return pil_as_nvjpeg(datas)
+
+    items = sorted(p for p in messy_folder.rglob("*.jpg"))[:40]
+    first.append({str(p) for p in items[:16]})      # BATCH is 16 in _gpu_build
+    monkeypatch.setattr(gpu_build, "_read", read)
+    lst = tmp_path / "list.csv"
+    lst.write_text("".join(f"{p},{p.parent.name}\n" for p in items))
+    _gpu_build(monkeypatch, lst, tmp_path / "gpu", decode=decode)
+    assert first[1] is True, "batch 1's files were not read before batch 0's decode returned"
+    assert verify_cache(tmp_path / "gpu").ok
+
+
 def test_shard_processes_build_the_same_cache_as_shard_threads(messy_folder, tmp_path, monkeypatch):
     """--workers 2: two processes (from a forkserver), each handed the decoder (here the stand-in)."""
     threads = _gpu_build(monkeypatch, messy_folder, tmp_path / "threads")
