@@ -1,6 +1,7 @@
 """Small shared helpers: atomic writes, usable CPUs, byte-size parsing, hashing."""
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import hashlib
 import json
@@ -109,12 +110,25 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_replace(tmp: Path, final: Path) -> None:
-    """fsync tmp, rename it over final, fsync the folder: readers see old or new, never half."""
+def atomic_replace(tmp: Path, final: Path, during=None):
+    """fsync tmp, rename it over final, fsync the folder: readers see old or new, never half.
+    during(tmp), where given, runs while the fsync waits on the disk (a shard's hash, read back from the
+    page cache), and its result is returned: the two took 0.20 s and 0.07-0.12 s in turn for a 256 MB
+    file on the 2-core box."""
     with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
+        if during is None:
+            os.fsync(f.fileno())
+            out = None
+        else:
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fastdata-fsync") as pool:
+                synced = pool.submit(os.fsync, f.fileno())
+                try:
+                    out = during(tmp)
+                finally:
+                    synced.result()
     os.replace(tmp, final)
     fsync_dir(final.parent)
+    return out
 
 
 def write_json_atomic(path: Path, obj) -> None:

@@ -294,3 +294,22 @@ def test_shards_written_from_many_small_chunks_are_byte_identical(image_folder, 
         samples.append(bytes([k]) * 3000)
     assert len(samples.chunks) == 7 and samples.joined().tolist() == [k for k in range(7) for _ in range(3000)]
     assert samples.chunks == []      # each chunk released as it was copied
+
+
+def test_a_shard_is_hashed_while_its_fsync_runs_and_an_error_there_leaves_it_unrenamed(tmp_path, monkeypatch):
+    """atomic_replace(during=file_sha256) returns the finished file's hash (the manifest's); a failing
+    fsync or hash raises before the rename, so no half-checked shard takes the final name."""
+    import hashlib
+
+    from fastdata import _util
+
+    tmp, final = tmp_path / "shard-00000.h5.tmp", tmp_path / "shard-00000.h5"
+    tmp.write_bytes(b"x" * 100_000)
+    assert _util.atomic_replace(tmp, final, during=_util.file_sha256) == hashlib.sha256(b"x" * 100_000).hexdigest()
+    assert final.exists() and not tmp.exists()
+
+    tmp.write_bytes(b"y")
+    monkeypatch.setattr(_util.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(5, "Input/output error")))
+    with pytest.raises(OSError, match="Input/output"):
+        _util.atomic_replace(tmp, final, during=_util.file_sha256)
+    assert tmp.exists() and final.read_bytes() == b"x" * 100_000

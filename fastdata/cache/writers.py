@@ -121,8 +121,8 @@ class ShardWriter:
 
     def close(self) -> ShardInfo:
         self._write(self._buf.samples, self._buf.arrays())
-        atomic_replace(self.tmp, self.path)
-        return ShardInfo(self.path.name, self.count, self.path.stat().st_size, file_sha256(self.path))
+        sha = atomic_replace(self.tmp, self.path, during=file_sha256)
+        return ShardInfo(self.path.name, self.count, self.path.stat().st_size, sha)
 
 
 class H5ShardWriter(ShardWriter):
