@@ -47,3 +47,13 @@ def test_inputs_far_smaller_than_the_target_are_flagged_by_plan_and_build(tmp_pa
     with caplog.at_level("WARNING", logger="fastdata.build"):
         build(tmp_path / "src", tmp_path / "c", workers=0, size=256)
     assert "consider --size 32" in caplog.text
+
+
+def test_settings_no_image_can_be_made_with_exit_2_before_the_source_is_read(image_folder, tmp_path, capsys):
+    """plan and --dry-run check --size/--quality as build-cache does (a size of 0 was a PIL traceback)."""
+    for argv in (["plan", str(image_folder), "--size", "0"], ["plan", "/no/such/folder", "--size", "-5"],
+                 ["build-cache", str(image_folder), str(tmp_path / "c"), "--dry-run", "--quality", "0"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and ("--size" in err[0] or "--quality" in err[0]), err
+    assert not (tmp_path / "c").exists()

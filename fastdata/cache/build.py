@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from .._util import human_bytes, parse_size, usable_cpus, user_path, write_json_atomic
 from ..errors import BuildError, FastdataError
-from .codecs import ENCODINGS, RESIZE_MODES, CodecConfig
+from .codecs import CodecConfig, check_codec
 from .executors import shard_map
 from .format import MANIFEST, SHARD_FORMATS, Manifest, load_manifest
 from .journal import (BuildLock, Journal, clean_strays, fingerprint, inputs_digest, journal_from_manifest,
@@ -59,11 +59,7 @@ class BuildConfig:
     def validate(self) -> None:
         checks = [
             (self.format in SHARD_FORMATS, f"--format {self.format!r}: choose one of {', '.join(SHARD_FORMATS)}"),
-            (self.encode in ENCODINGS, f"--encode {self.encode!r}: choose one of {', '.join(ENCODINGS)}"),
-            (self.resize in RESIZE_MODES, f"--resize {self.resize!r}: choose one of {', '.join(RESIZE_MODES)}"),
             (self.on_error in ("quarantine", "raise"), f"--on-error {self.on_error!r}: choose quarantine or raise"),
-            (isinstance(self.size, int) and 1 <= self.size <= 16384, f"--size {self.size}: give 1..16384 pixels"),
-            (1 <= self.quality <= 100, f"--quality {self.quality}: give 1..100"),
             (self.workers is None or self.workers >= 0, f"--workers {self.workers}: give 0 (in-process) or more"),
             (self.executor == "local" or self.executor == "dask" or self.executor.startswith("dask://"),
              f"--executor {self.executor!r}: give local, dask, or dask://HOST:PORT"),
@@ -77,6 +73,7 @@ class BuildConfig:
         for ok, msg in checks:
             if not ok:
                 raise FastdataError(msg)
+        check_codec(self.codec())
         if parse_size(self.shard_size) < 1:
             raise FastdataError(f"--shard-size {self.shard_size}: give a positive size such as 256MB")
 

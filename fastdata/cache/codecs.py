@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..errors import SampleError
+from ..errors import FastdataError, SampleError
 
 log = logging.getLogger("fastdata.build")
 RESIZE_MODES = ("fixed", "short", "max", "none")
@@ -39,6 +39,20 @@ class CodecConfig:
     resize: str = "fixed"    # see module docstring
     quality: int = 90        # JPEG quality for encode=jpeg
     draft: bool = True       # let libjpeg decode at reduced scale when the target is much smaller
+
+
+def check_codec(cfg: CodecConfig) -> None:
+    """A one-line FastdataError, naming the build-cache/plan flag, for settings no image can be made with
+    (a size of 0 reached PIL's resize as a traceback through `fastdata plan`)."""
+    checks = [
+        (cfg.encode in ENCODINGS, f"--encode {cfg.encode!r}: choose one of {', '.join(ENCODINGS)}"),
+        (cfg.resize in RESIZE_MODES, f"--resize {cfg.resize!r}: choose one of {', '.join(RESIZE_MODES)}"),
+        (isinstance(cfg.size, int) and 1 <= cfg.size <= 16384, f"--size {cfg.size}: give 1..16384 pixels"),
+        (isinstance(cfg.quality, int) and 1 <= cfg.quality <= 100, f"--quality {cfg.quality}: give 1..100"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise FastdataError(msg)
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:

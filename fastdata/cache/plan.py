@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._util import human_bytes, memory_total, usable_cpus
-from .codecs import CodecConfig, process_bytes
+from .codecs import CodecConfig, check_codec, process_bytes
 from .sources import Item, read_item
 
 SAMPLE = 200
@@ -137,6 +137,7 @@ def _choose(raw: int, jpeg: int, ram: int, disk: int, size: int) -> tuple[str, s
 def plan(items: tuple[Item, ...], codec: CodecConfig, dest: str | None, options: dict | None = None) -> Plan:
     from .jobs import _tune_malloc
 
+    check_codec(codec)
     _tune_malloc()   # decode as fast as a build job does, or the per-core rate is understated
     step = max(1, len(items) // SAMPLE)
     sample = items[::step][:SAMPLE]

@@ -76,15 +76,16 @@ def _add_build(sub) -> None:
 
 
 def _cmd_plan(a) -> int:
-    from ..cache.codecs import CodecConfig
+    from ..cache.codecs import CodecConfig, check_codec
     from ..cache.plan import plan
     from ..cache.sources import discover
 
+    codec = CodecConfig(a.encode if a.encode != "bytes" else "raw", a.size, a.resize, a.quality)
+    check_codec(codec)      # before discovery, which can take minutes on a large SRC
     options = parse_options(a.storage_options) or None
     source = discover(a.src, images_only=a.encode != "bytes", storage_options=options,
                       allow_empty_classes=a.allow_empty_classes)
-    print(plan(source.items, CodecConfig(a.encode if a.encode != "bytes" else "raw", a.size, a.resize, a.quality),
-               getattr(a, "dest", None), options).text())
+    print(plan(source.items, codec, getattr(a, "dest", None), options).text())
     return 0
 
 
