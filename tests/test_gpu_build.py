@@ -395,3 +395,23 @@ def test_the_nvjpeg_loader_reads_each_photos_exif_turn():
     for o in (6, 8):
         ref = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(_jpeg(arr, o)))))
         assert tuple(upright(x, o).shape[1:]) == ref.shape[:2] == (64, 40)
+
+
+def test_an_image_too_narrow_for_resize_short_is_quarantined_by_both_decoders(tmp_path, monkeypatch):
+    """--resize short scales a 1 x 60,000 strip to 256 x 15,360,000 (past 89.5 megapixels): quarantined with
+    the sizes and the fix named (a 1 x 20,000 strip took a build 14 GB and 72 s), by the CPU codec and by
+    the GPU build's routing to it; --resize fixed builds it."""
+    src = tmp_path / "src"
+    for cls in ("a", "b"):
+        (src / cls).mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (64, 80, 3), dtype=np.uint8)).save(src / "a" / "ok.jpg")
+    Image.fromarray(rng.integers(0, 255, (1, 60_000, 3), dtype=np.uint8)).save(src / "b" / "strip.jpg")
+    cpu = build(src, tmp_path / "cpu", resize="short", size=256, workers=0)
+    gpu = _gpu_build(monkeypatch, src, tmp_path / "gpu", resize="short", size=256)
+    for cache in (cpu, gpu):
+        (q,) = cache.manifest.quarantined
+        assert q["path"].endswith("strip.jpg") and "60000x1 px would be resized to 15360000x256" in q["reason"]
+        assert "--resize fixed or max" in q["reason"] and sum(s.count for s in cache.manifest.shards) == 1
+    fixed = build(src, tmp_path / "fixed", resize="fixed", size=64, workers=0)
+    assert sum(s.count for s in fixed.manifest.shards) == 2 and not fixed.manifest.quarantined

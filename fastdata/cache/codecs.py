@@ -90,6 +90,21 @@ def _target(w: int, h: int, cfg: CodecConfig) -> tuple[tuple[int, int], tuple[fl
     return (max(1, round(w * k)), max(1, round(h * k))), box
 
 
+# what one cached image may hold, beyond size x size: PIL's decompression-bomb threshold (89.5 megapixels)
+MAX_OUTPUT_PIXELS = 89_478_485
+
+
+def oversized(w: int, h: int, cfg: CodecConfig) -> str | None:
+    """Why a w x h image cannot be cached at cfg, else None: --resize short scales a 1 x 20,000 strip to
+    256 x 5,120,000 (3.9 GB raw), and a build of it took 14 GB of memory and 72 s. The limit is the larger
+    of MAX_OUTPUT_PIXELS and size x size; --resize none keeps PIL's own limit on the input."""
+    (ow, oh), _ = _target(w, h, cfg)
+    if cfg.resize == "none" or ow * oh <= max(MAX_OUTPUT_PIXELS, cfg.size * cfg.size):
+        return None
+    return (f"{w}x{h} px would be resized to {ow}x{oh} ({ow * oh / 1e6:,.0f} megapixels) by --resize "
+            f"{cfg.resize} --size {cfg.size}; use --resize fixed or max for images this narrow, or leave it out")
+
+
 def open_rgb(data: bytes, draft: int | None = None) -> Image.Image:
     """bytes -> upright 8-bit RGB PIL image (EXIF rotation, 16-bit, CMYK, alpha, palette normalised).
     The one decode path of the build and of the PIL read backend. draft=S lets libjpeg decode a
@@ -132,6 +147,9 @@ def _open(data: bytes, draft: int | None) -> Image.Image:
 def decode(data: bytes, cfg: CodecConfig) -> Image.Image:
     """bytes -> resized RGB PIL image. Raises SampleError with the reason."""
     img = open_rgb(data, cfg.size if cfg.draft and cfg.resize != "none" else None)
+    why = oversized(img.width, img.height, cfg)
+    if why:
+        raise SampleError(why)
     size, box = _target(img.width, img.height, cfg)
     if size != img.size or box != (0, 0, img.width, img.height):
         img = img.resize(size, Image.BILINEAR, box=box)

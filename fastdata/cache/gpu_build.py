@@ -6,10 +6,9 @@ Why: on the H200 machine's 16 vCPUs a PIL build of 500x375 JPEGs ran at 3.7k img
 the single-process rate (benchmarks/results/build-H200-2026-12-04.md): the vCPUs are hyperthreads
 and full-size decoding dominates. The GPU's JPEG engines decode ~25k small images a second
 (decode.py), so the build becomes bound by reading files and writing shards. Shards are built in
-`--workers` processes (process_split, gpu_map), each with its own decoder: in one process, torchvision's
-decode calls queue behind one mutex, and 6 shard threads built at 0.6x of 16 x plain PIL where 16
-processes reached 1.19x (H100 host, build-H100-80GB-HBM3-2026-12-06-processes{8,16}.md). Three in eight
-of the processes build with the CPU codec instead, using the CPU time that the GPU ones leave idle.
+`--workers` processes (process_split, gpu_map), each with its own decoder (in one process, torchvision's
+decode calls queue behind one mutex: build-H100-80GB-HBM3-2026-12-06-processes{8,16}.md); some of them
+build with the CPU codec instead, using the CPU time that the GPU ones leave idle.
 
 The pixels are not the CPU codec's: nvJPEG's IDCT and chroma upsampling differ from libjpeg's, the
 CPU codec decodes at a reduced DCT scale where it can (codecs.py draft), and a crop box is rounded
@@ -30,7 +29,7 @@ import torch
 
 from ..errors import BuildError
 from . import jobs
-from .codecs import CodecConfig, _target, process_bytes
+from .codecs import CodecConfig, _target, oversized, process_bytes
 from .jpeg_header import jpeg_frame
 from .format import shard_name
 from .writers import WRITERS
@@ -188,8 +187,9 @@ def decode_batch(datas: list, codec: CodecConfig, pool, decode=nvjpeg_decode) ->
     """Inputs (bytes, or a reason they could not be read) -> (payload, shape, crc32) or a reason each.
     What nvJPEG cannot or will not decode goes through the CPU codec, which decodes or names it."""
     out: list = [d if isinstance(d, str) else None for d in datas]
+    # the rest, oversized outputs included, go through the CPU codec, which builds them or names the reason
     gpu = [(i, frame) for i, d in enumerate(datas) if not isinstance(d, str)
-           for frame in [jpeg_frame(d)] if _nvjpeg_can(frame)]
+           for frame in [jpeg_frame(d)] if _nvjpeg_can(frame) and not oversized(frame[1], frame[0], codec)]
     for part in _by_pixels(gpu):
         decoded = _decode_split([datas[i] for i, _ in part], decode)
         done = [(i, x, f[4]) for x, (i, f) in zip(decoded, part) if x is not None]
