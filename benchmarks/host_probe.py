@@ -145,10 +145,14 @@ def main() -> None:
             r = run_variant(model, opt, make, images_of, fd, a.seconds)
             runs[name].append(r)
             log.info("round %d %s: %s", rnd, name, r)
-    rows = summarise(runs)
+        _write(a, bs, runs, rnd + 1)       # after every round: a device call cut short keeps the rounds done
+
+
+def _write(a, bs: int, runs: dict[str, list[dict]], done: int) -> None:
     cols = ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms", "main cpu ms", "graphs"]
-    write(f"host-probe-{a.model}{'-jpeg' if a.jpeg else ''}", rows, cols + (["per-round ratio"] if a.rounds > 1 else []),
-          f"{a.model}, batch {bs}, bf16, compile default, plain loop; {a.seconds:.0f} s per row, {a.rounds} "
+    write(f"host-probe-{a.model}{'-jpeg' if a.jpeg else ''}", summarise(runs),
+          cols + (["per-round ratio"] if done > 1 else []),
+          f"{a.model}, batch {bs}, bf16, compile default, plain loop; {a.seconds:.0f} s per row, {done} of {a.rounds} "
           f"round(s), variants alternating; medians. Rerun: `python benchmarks/host_probe.py --model {a.model}"
           f"{f' --rounds {a.rounds}' if a.rounds > 1 else ''}{' --jpeg' if a.jpeg else ''}{f' --only {a.only}' if a.only else ''}`.",
           Path(a.out) if a.out else None)
@@ -184,6 +188,7 @@ def summarise(runs: dict[str, list[dict]]) -> list[dict]:
             row["per-round ratio"] = " ".join(f"{v:.1%}" for v in ratios)
         rows.append(row)
     return rows
+
 
 if __name__ == "__main__":
     main()
