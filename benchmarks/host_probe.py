@@ -142,7 +142,11 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
     for rnd in range(a.rounds):
         for name, make, images_of in variants:
-            r = run_variant(model, opt, make, images_of, fd, a.seconds)
+            try:
+                r = run_variant(model, opt, make, images_of, fd, a.seconds)
+            except Exception as e:  # noqa: BLE001 - one failing variant must not cost the others' rows
+                log.exception("round %d %s failed", rnd, name)
+                r = {"img/s": float("nan"), "error": f"{type(e).__name__}: {str(e).splitlines()[0][:150]}"}
             runs[name].append(r)
             log.info("round %d %s: %s", rnd, name, r)
         _write(a, bs, runs, rnd + 1)       # after every round: a device call cut short keeps the rounds done
@@ -181,9 +185,12 @@ def summarise(runs: dict[str, list[dict]]) -> list[dict]:
     base = next(iter(runs.values()))
     rows = []
     for name, got in runs.items():
-        row = {"variant": name, **{k: float(np.median([r[k] for r in got])) for k in got[0]}}
+        errors = sorted({r["error"] for r in got if "error" in r})
+        ok = [r for r in got if "error" not in r] or [{"img/s": float("nan")}]
+        row = {"variant": name + (f" (failed: {'; '.join(errors)})" if errors else ""),
+               **{k: float(np.median([r[k] for r in ok])) for k in ok[0]}}
         ratios = [r["img/s"] / b["img/s"] for r, b in zip(got, base)]
-        row["vs synthetic"] = f"{np.median(ratios):.1%}"
+        row["vs synthetic"] = f"{np.nanmedian(ratios):.1%}" if not np.isnan(ratios).all() else "failed"
         if len(got) > 1:
             row["per-round ratio"] = " ".join(f"{v:.1%}" for v in ratios)
         rows.append(row)
