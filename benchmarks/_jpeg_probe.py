@@ -182,6 +182,8 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("jpeg nvjpeg loader, engines, cpu share 0.5 by PIL",
          lambda: PilShare(lambda: jpeg(hardware=True, cpu_share=0.5)), None),
         ("jpeg nvjpeg loader, torchvision, cpu share 0.5", lambda: Tweaked(jpeg(hardware=False, cpu_share=0.5)), None),
+        ("jpeg nvjpeg loader, cpu share 1.0, 10 threads", lambda: Tweaked(jpeg(hardware=True, cpu_share=1.0, threads=10)),
+         None),
         ("jpeg nvjpeg loader, cpu share 1.0 (every image on the CPU, cropped on the GPU), 14 threads",
          lambda: Tweaked(jpeg(hardware=True, cpu_share=1.0, threads=14)), None),
         ("jpeg nvjpeg loader, engines, batches discarded (synthetic x)", lambda: jpeg(hardware=True), lambda b: syn.x),

@@ -107,3 +107,18 @@ def test_the_cpu_takes_the_last_share_of_an_upright_batch_with_known_sizes(jpeg_
     for whole in (NvjpegBackend._split(me, batch, idx, None, None),
                   NvjpegBackend._split(me, batch, idx, sizes, np.array([1, 6, 1, 1, 1]))):
         assert whole[0] is batch and whole[2] is None
+
+
+def test_with_a_cpu_share_every_reader_thread_gets_a_batch_to_decode():
+    """One reader thread decodes a whole batch's share, so the default read-ahead (4 batches) left 10 of
+    threads=14 idle: with a share the default grows to the thread count; a given prefetch is kept."""
+    from fastdata.read.config import LoaderConfig, NvjpegOptions
+
+    def cfg(**kw):
+        share = kw.pop("share", 0.0)
+        return LoaderConfig(batch_size=256, backend="nvjpeg", options=NvjpegOptions(cpu_share=share), **kw).check()
+
+    assert cfg(threads=14).read_ahead == 4
+    assert cfg(threads=14, share=1.0).read_ahead == 14
+    assert cfg(threads=2, share=0.5).read_ahead == 4
+    assert cfg(threads=14, share=0.5, prefetch=3).read_ahead == 3
