@@ -262,6 +262,39 @@ def _gpu_pixels(src: Path, tmp: Path, size: int) -> str:
             f"difference {mean:.2f} of 255 levels, worst image {worst:.2f}.")
 
 
+def _source(tmp: Path, a) -> tuple[Path, list[Path]]:
+    """The photo folder (its classes hard-linked a.copies times), every file read once so that every row
+    reads from the page cache."""
+    from fastdata.sample import make_image_folder
+
+    src = make_image_folder(tmp / "src", a.per_class, photos_dir=a.photos)
+    for c in sorted(src.iterdir()) if a.copies > 1 else ():
+        for k in range(1, a.copies):
+            (src / f"{c.name}-copy{k}").mkdir()
+            for p in c.iterdir():
+                os.link(p, src / f"{c.name}-copy{k}" / p.name)
+    files = sorted(src.rglob("*.jpg"))
+    for p in files:
+        p.read_bytes()
+    return src, files
+
+
+def _cpu_rows(src: Path, tmp: Path, sub: list, size: int, encode: str, workers: int) -> list[dict]:
+    """The codec's one-process rate and the CPU build's rows (best of two: this VM's CPU speed varies)."""
+    from fastdata.cache.build import BuildConfig, build_cache
+
+    own = max(codec_rate(sub, size, encode) for _ in range(2))
+    rate, steady = 0.0, {}
+    for rep in range(2):
+        with Utilization() as u:
+            res = build_cache(BuildConfig(src=str(src), dest=str(tmp / f"c-{encode}-{rep}"), encode=encode,
+                                          size=size, workers=workers, progress=False))
+        rate = max(rate, res.written / res.seconds)
+        steady = _faster(steady, u.steady(res.written))
+    rows = [{"what": f"fastdata codec ({encode}), 1 process", "img/s": own, "img/s/core": own}]
+    return rows + _rate_rows(lambda s: f"build-cache --encode {encode}, {workers} workers{s}", rate, steady, workers)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--per-class", type=int, default=60)
@@ -277,36 +310,16 @@ def main() -> None:
     ap.add_argument("--variants", default=None, help="GPU_VARIANTS names separated by ; (default: all)")
     a = ap.parse_args()
     from fastdata._util import usable_cpus
-    from fastdata.cache.build import BuildConfig, build_cache
-    from fastdata.sample import make_image_folder
 
     workers = a.workers or usable_cpus()
     tmp = Path(tempfile.mkdtemp(prefix="fastdata-bench-"))
     try:
-        src = make_image_folder(tmp / "src", a.per_class, photos_dir=a.photos)
-        for c in sorted(src.iterdir()) if a.copies > 1 else ():
-            for k in range(1, a.copies):
-                (src / f"{c.name}-copy{k}").mkdir()
-                for p in c.iterdir():
-                    os.link(p, src / f"{c.name}-copy{k}" / p.name)
-        files = sorted(src.rglob("*.jpg"))
+        src, files = _source(tmp, a)
         sub = files[:: max(1, len(files) // 800)]
-        for p in files:  # warm the page cache: every row reads from memory
-            p.read_bytes()
         plain = max(plain_pil_rate(sub, a.size) for _ in range(2))
         rows = [{"what": "plain PIL decode+resize, 1 process, before the builds", "img/s": plain, "img/s/core": plain}]
         for encode in () if a.gpu_only else a.cpu_encodes.split(","):
-            own = max(codec_rate(sub, a.size, encode) for _ in range(2))
-            rate, steady = 0.0, {}
-            for rep in range(2):  # best of two: this VM's CPU speed varies from run to run
-                with Utilization() as u:
-                    res = build_cache(BuildConfig(src=str(src), dest=str(tmp / f"c-{encode}-{rep}"), encode=encode,
-                                                  size=a.size, workers=workers, progress=False))
-                rate = max(rate, res.written / res.seconds)
-                steady = _faster(steady, u.steady(res.written))
-            rows.append({"what": f"fastdata codec ({encode}), 1 process", "img/s": own, "img/s/core": own})
-            rows += _rate_rows(lambda s, e=encode: f"build-cache --encode {e}, {workers} workers{s}", rate, steady,
-                               workers)
+            rows += _cpu_rows(src, tmp, sub, a.size, encode, workers)
         gpu_note = ""
         if gpu_decoder_ok():
             extra, gpu_note = gpu_rows(src, tmp, a.size, workers,

@@ -121,21 +121,12 @@ def main() -> None:
         aug = kw.pop("augment", AugmentConfig(size=224, dtype="bfloat16", kernel=kw.pop("kernel", "auto")))
         return fastdata.loader(cache, bs, device="cuda", augment=aug, drop_last=True, **{"threads": 8, **kw})
 
-    variants = [
-        ("synthetic bf16 batch", lambda: forever(syn), None),
-        ("augment only (uint8 on GPU, triton)", lambda: augment_only(bs), None),
-        ("loader, augment off (synthetic x)", lambda: fd(augment=None), lambda b: syn.x),
-        ("loader triton, 8 threads", lambda: fd(), None),
-        ("loader triton, 4 threads", lambda: fd(threads=4), None),
-        ("loader triton, 2 threads", lambda: fd(threads=2), None),
-        ("loader compiled kernel, 8 threads", lambda: fd(kernel="compiled"), None),
-        ("loader eager kernel, 8 threads", lambda: fd(kernel="eager"), None),
-        ("loader triton, switch interval 0.2 ms", "switch", None),
-    ]
     if a.jpeg:
         import _jpeg_probe
 
         variants = _jpeg_probe.variants(fd, syn, raw.with_name("jpeg256"), bs, a.rate)
+    else:
+        variants = raw_variants(fd, syn, bs)
     if a.only:
         keep = a.only.split(",")
         variants = [v for v in variants if v[0] == variants[0][0] or any(k in v[0] for k in keep)]
@@ -150,6 +141,21 @@ def main() -> None:
             runs[name].append(r)
             log.info("round %d %s: %s", rnd, name, r)
         _write(a, bs, runs, rnd + 1)       # after every round: a device call cut short keeps the rounds done
+
+
+def raw_variants(fd, syn, bs: int) -> list:
+    """(name, make, images_of) rows of the raw-cache probe; fd(**kw) makes a fastdata.loader."""
+    return [
+        ("synthetic bf16 batch", lambda: forever(syn), None),
+        ("augment only (uint8 on GPU, triton)", lambda: augment_only(bs), None),
+        ("loader, augment off (synthetic x)", lambda: fd(augment=None), lambda b: syn.x),
+        ("loader triton, 8 threads", lambda: fd(), None),
+        ("loader triton, 4 threads", lambda: fd(threads=4), None),
+        ("loader triton, 2 threads", lambda: fd(threads=2), None),
+        ("loader compiled kernel, 8 threads", lambda: fd(kernel="compiled"), None),
+        ("loader eager kernel, 8 threads", lambda: fd(kernel="eager"), None),
+        ("loader triton, switch interval 0.2 ms", "switch", None),
+    ]
 
 
 def _write(a, bs: int, runs: dict[str, list[dict]], done: int) -> None:
