@@ -230,11 +230,14 @@ def build_shard_gpu(task, decode=None) -> tuple[int, object, list[dict], str | N
     batches = [items[lo:lo + BATCH] for lo in range(0, len(items), BATCH)]
     with _own_stream(), ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fastdata-build-read") as reads, \
             ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fastdata-build-cpu") as pool:
-        ahead = [reads.submit(_read, it, options) for it in batches[0]] if batches else []
+        def read(batch):        # (an empty slice past the last batch reads nothing)
+            return [reads.submit(_read, it, options) for it in batch]
+
+        ahead = read(items[:BATCH])
         for b, chunk in enumerate(batches):
             datas = [f.result() for f in ahead]
             # the next batch's files are read while this one decodes, copies back and is hashed
-            ahead = [reads.submit(_read, it, options) for it in batches[b + 1]] if b + 1 < len(batches) else []
+            ahead = read(items[(b + 1) * BATCH:(b + 2) * BATCH])
             for item, data in zip(chunk, datas):
                 if isinstance(data, Exception):   # storage trouble stops the build, naming the input
                     from ..stores.s3 import storage_error
