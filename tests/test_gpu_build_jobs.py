@@ -6,6 +6,7 @@ import numpy as np
 from PIL import Image
 
 from fastdata.cache import gpu_build
+from fastdata.cache.codecs import CodecConfig, oversized
 from fastdata.cache.verify import verify_cache
 
 from helpers import build
@@ -57,3 +58,12 @@ def test_an_image_too_narrow_for_resize_short_is_quarantined_by_both_decoders(tm
         assert "--resize fixed or max" in q["reason"] and sum(s.count for s in cache.manifest.shards) == 1
     fixed = build(src, tmp_path / "fixed", resize="fixed", size=64, workers=0)
     assert sum(s.count for s in fixed.manifest.shards) == 2 and not fixed.manifest.quarantined
+
+
+def test_ordinary_photos_pass_the_size_limit_at_the_largest_size():
+    """At --size 16384, --resize short makes a 4:3 photo 16384 x 21845 (358 megapixels, past PIL's 89.5):
+    that is a large size, not a narrow image, so it builds; a 5:1 strip at the same size is still refused."""
+    cfg = CodecConfig(resize="short", size=16384)
+    assert oversized(4000, 3000, cfg) is None and oversized(4000, 1000, cfg) is None
+    assert "narrow" in oversized(5000, 1000, cfg)
+    assert oversized(60_000, 1, CodecConfig(resize="short", size=256)) is not None

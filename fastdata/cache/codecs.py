@@ -90,16 +90,19 @@ def _target(w: int, h: int, cfg: CodecConfig) -> tuple[tuple[int, int], tuple[fl
     return (max(1, round(w * k)), max(1, round(h * k))), box
 
 
-# what one cached image may hold, beyond size x size: PIL's decompression-bomb threshold (89.5 megapixels)
+# what one cached image may hold: PIL's decompression-bomb threshold (89.5 megapixels), or more at large
+# sizes, where a --resize short output may be MAX_ASPECT x SIZE x SIZE (a 4:1 panorama at the largest size)
 MAX_OUTPUT_PIXELS = 89_478_485
+MAX_ASPECT = 4
 
 
 def oversized(w: int, h: int, cfg: CodecConfig) -> str | None:
     """Why a w x h image cannot be cached at cfg, else None: --resize short scales a 1 x 20,000 strip to
     256 x 5,120,000 (3.9 GB raw), and a build of it took 14 GB of memory and 72 s. The limit is the larger
-    of MAX_OUTPUT_PIXELS and size x size; --resize none keeps PIL's own limit on the input."""
+    of MAX_OUTPUT_PIXELS and MAX_ASPECT x size x size, so only an image narrower than MAX_ASPECT:1 can pass
+    it, and ordinary photos build at every size; --resize none keeps PIL's own limit on the input."""
     (ow, oh), _ = _target(w, h, cfg)
-    if cfg.resize == "none" or ow * oh <= max(MAX_OUTPUT_PIXELS, cfg.size * cfg.size):
+    if cfg.resize == "none" or ow * oh <= max(MAX_OUTPUT_PIXELS, MAX_ASPECT * cfg.size * cfg.size):
         return None
     return (f"{w}x{h} px would be resized to {ow}x{oh} ({ow * oh / 1e6:,.0f} megapixels) by --resize "
             f"{cfg.resize} --size {cfg.size}; use --resize fixed or max for images this narrow, or leave it out")
