@@ -388,3 +388,43 @@ def test_a_missing_input_is_named_with_every_kind_of_input(tmp_path, capsys):
         fastdata.loader(tmp_path / "nope", 4, device="cpu")
     assert main(["build-cache", str(tmp_path / "nope"), str(tmp_path / "c")]) == 2
     assert "SRC" not in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
+def test_a_line_without_a_label_among_labelled_ones_is_refused_not_made_class_0(image_folder, tmp_path):
+    photos = sorted(image_folder.rglob("*.jpg"))[:3]
+    lst = tmp_path / "list.csv"
+    lst.write_text(f"path,label\n{photos[0]},cat\n{photos[1]}\n{photos[2]},dog\n")
+    with pytest.raises(SourceError, match="line 3 has no label but other lines do"):
+        build(lst, tmp_path / "c", workers=0)
+    lst.write_text("".join(f"{p}\n" for p in photos))   # no labels at all: one class
+    assert build(lst, tmp_path / "c", workers=0).manifest.label_map == {"0": 0}
+
+
+def test_a_rerun_after_a_list_is_relabelled_is_refused_naming_the_labels(image_folder, tmp_path, capsys):
+    """The fingerprint covered paths and settings only, so after a mislabelled image was fixed in the CSV
+    the rerun said 'already built' and the cache kept the old labels."""
+    photos = sorted(image_folder.rglob("*.jpg"))[:2]
+    lst, dest = tmp_path / "list.csv", tmp_path / "c"
+    lst.write_text(f"{photos[0]},cat\n{photos[1]},dog\n")
+    argv = ["build-cache", str(lst), str(dest), "--no-progress", "--size", "32"]
+    assert main(argv) == 0 and main(argv) == 0 and "already built" in capsys.readouterr().out
+    lst.write_text(f"{photos[0]},dog\n{photos[1]},cat\n")
+    assert main(argv) == 2
+    assert "built with other labels" in capsys.readouterr().err
+    assert CacheDataset(dest).cache.labels().tolist() == [0, 1]   # left as it was
+    assert main(argv[:-1] + ["48"]) == 2 and "size 48, was 32" in capsys.readouterr().err
+
+
+def test_a_cache_from_before_labels_were_recorded_is_still_confirmed_by_a_rerun(image_folder, tmp_path,
+                                                                                  monkeypatch):
+    from fastdata.cache import build as build_mod
+
+    photos = sorted(image_folder.rglob("*.jpg"))[:2]
+    lst, dest = tmp_path / "list.csv", tmp_path / "c"
+    lst.write_text(f"{photos[0]},cat\n{photos[1]},dog\n")
+    real = build_mod._identity
+    monkeypatch.setattr(build_mod, "_identity", lambda cfg, source, legacy: real(cfg, source, True))
+    build(lst, dest, workers=0)
+    assert "labels_sha256" not in build_mod.load_manifest(dest).build
+    monkeypatch.setattr(build_mod, "_identity", real)
+    assert build(lst, dest, workers=0).already_built

@@ -26,7 +26,7 @@ from .codecs import CodecConfig, check_codec
 from .executors import shard_map
 from .format import MANIFEST, SHARD_FORMATS, Manifest, load_manifest
 from .journal import (BuildLock, Journal, clean_strays, fingerprint, inputs_digest, journal_from_manifest,
-                      load_journal)
+                      labels_digest, load_journal)
 from ..stores.s3 import is_url, redact
 from . import remote_dest
 from .sources import Item, discover, is_cache_dir, partition, refuse_url
@@ -196,11 +196,31 @@ def _finished(cfg: BuildConfig, dest: Path) -> Manifest | None:
     return load_manifest(dest) if (dest / MANIFEST).exists() else None
 
 
-def _check_finished(cfg, done: Manifest, dest: Path, items, fp: str):
+def _identity(cfg: BuildConfig, source, legacy: bool) -> dict:
+    """What the cache's bytes depend on: settings, the input list and (unless legacy: a cache made before
+    labels were recorded, which reruns keep confirming) each input's class name."""
+    identity = {**cfg.identity(), "inputs": len(source.items),
+                "inputs_sha256": inputs_digest(it.key for it in source.items)}
+    if not legacy:
+        identity["labels_sha256"] = labels_digest(source.label_map, (it.label for it in source.items))
+    return identity
+
+
+def _difference(old: dict, new: dict) -> str:
+    """'labels (SRC's labels changed since)' / 'settings (size 224, was 256)': what a rerun changed."""
+    keys = sorted(k for k in new if k not in ("inputs", "inputs_sha256", "labels_sha256") and old.get(k) != new[k])
+    if keys:
+        return "settings (" + ", ".join(f"{k} {new[k]}, was {old.get(k)}" for k in keys) + ")"
+    if old.get("inputs_sha256") != new["inputs_sha256"]:
+        return f"inputs ({new['inputs']} files in SRC now, {old.get('inputs')} then, or other names)"
+    return "labels (an input's class changed since, e.g. in a file list)"
+
+
+def _check_finished(cfg, done: Manifest, dest: Path, items, fp: str, identity: dict):
     """A finished cache in DEST: confirm it, or the journal that repairs its missing/damaged shards."""
     if done.build.get("fingerprint") != fp:
-        raise BuildError(f"{cfg.dest} already holds a cache built with other settings or inputs; "
-                         f"choose another DEST or delete this one")
+        raise BuildError(f"{cfg.dest} already holds a cache built with other {_difference(done.build, identity)}; "
+                         f"build into another DEST, or delete this one and build again")
     per = items_per_shard(cfg, len(items))
     shard_of = {it.key: k // per for k, it in enumerate(items)}
     journal, problems = journal_from_manifest(dest, done, fp, shard_of, _shard_check(cfg))
@@ -225,12 +245,12 @@ def build_cache(cfg: BuildConfig) -> BuildResult:
     _warn_upscaling(cfg, items)
     dest = remote_dest.prepare(cfg.dest, cfg.storage_options) if is_url(cfg.dest) else _prepare_dest(cfg)
     with BuildLock(dest):   # taken before anything is written in DEST: concurrent builds cannot race
-        identity = {**cfg.identity(), "inputs": len(source.items),
-                    "inputs_sha256": inputs_digest(it.key for it in source.items)}
+        done = _finished(cfg, dest)
+        identity = _identity(cfg, source, legacy=done is not None and "labels_sha256" not in done.build)
         fp = fingerprint(identity, [it.key for it in items])
-        repaired, done = {}, _finished(cfg, dest)
+        repaired = {}
         if done is not None:
-            done, journal, repaired = _check_finished(cfg, done, dest, items, fp)
+            done, journal, repaired = _check_finished(cfg, done, dest, items, fp, identity)
             if journal is None:
                 return BuildResult(done, 0, 0.0, len(done.shards), already_built=True,
                                    skipped=source.skipped_summary())

@@ -86,6 +86,16 @@ def inputs_digest(keys) -> str:
     return h.hexdigest()
 
 
+def labels_digest(label_map: dict[str, int], labels) -> str:
+    """sha256 of each input's class name, in input order: a file list's labels can change while its paths
+    stay (a mislabelled image fixed in the CSV), and a rerun must then not call the old cache built."""
+    names = {v: k for k, v in label_map.items()}
+    h = hashlib.sha256()
+    for label in labels:
+        h.update(names.get(label, str(label)).encode("utf-8", "surrogateescape") + b"\0")
+    return h.hexdigest()
+
+
 def fingerprint(config: dict, keys: list[str]) -> str:
     """What must not change between a killed build and its resume: settings and input list."""
     h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())

@@ -7,7 +7,8 @@ lines. Errors give the file's own line number.
 Labels: when every label is an integer, ids are the integers' ranks (0,10,...,50 -> 0..5), so a
 model sized by the number of classes never meets an id past its last output; the manifest's
 label_map keeps the original values as keys. Negative integers are refused. Other labels are
-class names, numbered in sorted order (as ImageFolder numbers its folders).
+class names, numbered in sorted order (as ImageFolder numbers its folders). A list without labels is one
+class ("0"); a line without a label among labelled ones is an error, not class 0.
 """
 from __future__ import annotations
 
@@ -61,10 +62,15 @@ def read_list(src: Path) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
     rows = []
     for n, line in lines:
         parts = _split(line, how)
-        rows.append((n, parts[0], parts[1] if len(parts) > 1 and parts[1] else "0"))
+        rows.append((n, parts[0], parts[1] if len(parts) > 1 else ""))
     if _is_header(rows[0][1], src):
         rows = rows[1:]
-    return _label_map(src, rows)
+    unlabelled = [n for n, _, name in rows if not name]
+    if unlabelled and len(unlabelled) < len(rows):   # a list without labels is one class; a gap is an error
+        raise SourceError(f"{src}: line {unlabelled[0]} has no label but other lines do"
+                          f"{f' ({len(unlabelled)} such lines)' if len(unlabelled) > 1 else ''}; give every "
+                          f"line a label, or none")
+    return _label_map(src, [(n, path, name or "0") for n, path, name in rows])
 
 
 def _label_map(src: Path, rows: list[tuple[int, str, str]]) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
