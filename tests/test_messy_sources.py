@@ -428,3 +428,21 @@ def test_a_cache_from_before_labels_were_recorded_is_still_confirmed_by_a_rerun(
     assert "labels_sha256" not in build_mod.load_manifest(dest).build
     monkeypatch.setattr(build_mod, "_identity", real)
     assert build(lst, dest, workers=0).already_built
+
+
+def test_classes_from_numbers_a_validation_set_as_its_training_cache(image_folder, tmp_path, capsys):
+    """A validation folder without class b would number c as 1 where the training cache has 2;
+    --classes-from TRAIN takes the training cache's numbering, and a class it lacks is refused."""
+    train = build(_tree(image_folder, tmp_path / "train"), tmp_path / "tc", workers=0)
+    val = _tree(image_folder, tmp_path / "val", classes=("a", "c"), per_class=2)
+    argv = ["build-cache", str(val), str(tmp_path / "vc"), "--no-progress", "--size", "32"]
+    assert main(argv + ["--classes-from", str(tmp_path / "tc")]) == 0
+    assert CacheDataset(tmp_path / "vc").cache.labels().tolist() == [0, 0, 2, 2]
+    assert CacheDataset(tmp_path / "vc").cache.manifest.label_map == train.manifest.label_map
+    assert main(argv) == 2 and "built with other labels" in capsys.readouterr().err   # numbering differs
+    (val / "d").mkdir()
+    shutil.copyfile(next(val.rglob("*.jpg")), val / "d" / "x.jpg")
+    assert main(["build-cache", str(val), str(tmp_path / "v2"), "--classes-from", str(tmp_path / "tc")]) == 2
+    assert "SRC has class(es) 'd' that" in capsys.readouterr().err and not (tmp_path / "v2").exists()
+    assert main(["build-cache", str(val), str(tmp_path / "v3"), "--classes-from", str(val)]) == 2
+    assert f"--classes-from {val}: " in capsys.readouterr().err

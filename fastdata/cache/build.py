@@ -21,7 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .._util import human_bytes, parse_size, usable_cpus, user_path, write_json_atomic
-from ..errors import BuildError, FastdataError
+from ..errors import BuildError, FastdataError, SourceError
 from .codecs import CodecConfig, check_codec
 from .executors import shard_map
 from .format import MANIFEST, SHARD_FORMATS, Manifest, load_manifest
@@ -29,7 +29,7 @@ from .journal import (BuildLock, Journal, clean_strays, fingerprint, inputs_dige
                       labels_digest, load_journal)
 from ..stores.s3 import is_url, redact
 from . import remote_dest
-from .sources import Item, discover, is_cache_dir, partition, refuse_url
+from .sources import Item, discover, is_cache_dir, partition, refuse_url, with_classes
 
 log = logging.getLogger("fastdata.build")
 MIN_SHARDS = 64         # large data sets are cut into >= 64 shards to keep 64 workers busy; small ones
@@ -55,6 +55,7 @@ class BuildConfig:
     storage_options: dict | None = None   # s3:// SRC/DEST: s3fs options (never recorded unredacted)
     allow_empty_classes: bool = False   # keep class folders without images as labels (ImageFolder allow_empty)
     decoder: str = "cpu"           # cpu (PIL, in the executor's workers) | nvjpeg (GPU, in the workers: gpu_build.py)
+    classes_from: str | None = None   # a cache whose label map numbers SRC's classes (sources.with_classes)
 
     def validate(self) -> None:
         checks = [
@@ -83,7 +84,7 @@ class BuildConfig:
     def identity(self) -> dict:
         """The settings that determine the bytes of the cache (not workers/progress/paths)."""
         d = asdict(self)
-        for k in ("dest", "workers", "progress", "src", "executor", "storage_options"):
+        for k in ("dest", "workers", "progress", "src", "executor", "storage_options", "classes_from"):
             d.pop(k)
         if not d["allow_empty_classes"]:   # absent when off: fingerprints of earlier caches stay valid
             d.pop("allow_empty_classes")
@@ -196,6 +197,13 @@ def _finished(cfg: BuildConfig, dest: Path) -> Manifest | None:
     return load_manifest(dest) if (dest / MANIFEST).exists() else None
 
 
+def _label_map_of(cfg: BuildConfig) -> dict[str, int]:
+    try:
+        return load_manifest(user_path(cfg.classes_from), cfg.storage_options).label_map
+    except FastdataError as e:
+        raise SourceError(f"--classes-from {cfg.classes_from}: {e}") from None
+
+
 def _identity(cfg: BuildConfig, source, legacy: bool) -> dict:
     """What the cache's bytes depend on: settings, the input list and (unless legacy: a cache made before
     labels were recorded, which reruns keep confirming) each input's class name."""
@@ -213,7 +221,7 @@ def _difference(old: dict, new: dict) -> str:
         return "settings (" + ", ".join(f"{k} {new[k]}, was {old.get(k)}" for k in keys) + ")"
     if old.get("inputs_sha256") != new["inputs_sha256"]:
         return f"inputs ({new['inputs']} files in SRC now, {old.get('inputs')} then, or other names)"
-    return "labels (an input's class changed since, e.g. in a file list)"
+    return "labels (an input's class, or the classes' numbering, changed since: a relabelled list, --classes-from)"
 
 
 def _check_finished(cfg, done: Manifest, dest: Path, items, fp: str, identity: dict):
@@ -241,6 +249,8 @@ def build_cache(cfg: BuildConfig) -> BuildResult:
         check_gpu_decoder()
     source = discover(cfg.src, images_only=cfg.encode != "bytes", exclude=() if is_url(cfg.dest) else (cfg.dest,),
                       allow_empty_classes=cfg.allow_empty_classes, storage_options=cfg.storage_options)
+    if cfg.classes_from:   # its map's effect is in the fingerprint (labels_digest), its path is not
+        source = with_classes(source, _label_map_of(cfg), cfg.classes_from)
     items = partition(source.items, cfg.part)   # (a bad SRC creates no DEST)
     _warn_upscaling(cfg, items)
     dest = remote_dest.prepare(cfg.dest, cfg.storage_options) if is_url(cfg.dest) else _prepare_dest(cfg)

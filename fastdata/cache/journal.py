@@ -87,10 +87,11 @@ def inputs_digest(keys) -> str:
 
 
 def labels_digest(label_map: dict[str, int], labels) -> str:
-    """sha256 of each input's class name, in input order: a file list's labels can change while its paths
-    stay (a mislabelled image fixed in the CSV), and a rerun must then not call the old cache built."""
+    """sha256 of the label map and each input's class name, in input order: a file list's labels can change
+    while its paths stay (a mislabelled image fixed in the CSV), and a rerun must then not call the old
+    cache built; nor after --classes-from gave the names other ids."""
     names = {v: k for k, v in label_map.items()}
-    h = hashlib.sha256()
+    h = hashlib.sha256(json.dumps(sorted(label_map.items())).encode())   # the ids given to the names
     for label in labels:
         h.update(names.get(label, str(label)).encode("utf-8", "surrogateescape") + b"\0")
     return h.hexdigest()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .._util import refuse_url, user_path
@@ -52,6 +52,22 @@ class Source:
         counts = Counter(why for _, why in self.skipped)
         parts = ", ".join(f"{n} {why}" for why, n in counts.most_common())
         return f"{len(self.skipped)} entries skipped: {parts}"
+
+
+def with_classes(source: Source, label_map: dict[str, int], origin: str) -> Source:
+    """source numbered by another cache's label map (build-cache --classes-from TRAIN_CACHE), as
+    torchvision's DatasetFolder takes a class_to_idx: a validation folder or list that lacks a class
+    would otherwise number every later class one lower than the training cache does, silently. Each
+    class of source must be in label_map; classes of label_map without samples here are fine."""
+    names = {v: k for k, v in source.label_map.items()}
+    unknown = sorted({names[it.label] for it in source.items} - label_map.keys())
+    if unknown:
+        shown = ", ".join(repr(u) for u in unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+        raise SourceError(f"--classes-from {origin}: SRC has class(es) {shown} that {origin} does not know "
+                          f"(it has {len(label_map)}: {', '.join(list(label_map)[:3])}{', ...' if len(label_map) > 3 else ''}); fix SRC's class "
+                          f"names, or build without --classes-from")
+    items = tuple(replace(it, label=label_map[names[it.label]]) for it in source.items)
+    return replace(source, items=items, label_map=dict(label_map))
 
 
 def read_item(item: Item, options: dict | None = None) -> bytes:

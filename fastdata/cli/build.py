@@ -69,6 +69,9 @@ def _add_build(sub) -> None:
     _storage_option(p)
     p.add_argument("--allow-empty-classes", action="store_true",
                    help="keep class folders without images as labels (refused by default, as ImageFolder does)")
+    p.add_argument("--classes-from", default=None, metavar="CACHE",
+                   help="number SRC's classes as this cache does (e.g. the training cache, when building a "
+                        "validation set that lacks some classes); a class it does not know is an error")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--dry-run", action="store_true",
                    help="write nothing: estimate raw and JPEG cache sizes and build time from a sample of "
@@ -98,7 +101,7 @@ def _cmd_build(a) -> int:
                       quality=a.quality, shard_size=a.shard_size, workers=a.workers, on_error=a.on_error,
                       part=a.part, progress=not a.no_progress, allow_empty_classes=a.allow_empty_classes,
                       executor=a.executor, storage_options=parse_options(a.storage_options) or None,
-                      decoder=a.decoder)
+                      decoder=a.decoder, classes_from=a.classes_from)
     result = build_cache(cfg)
     print(result.summary())
     for q in result.manifest.quarantined[:20]:
