@@ -41,7 +41,8 @@ def _damaged_samples(path: Path, start: int) -> tuple[str, list[tuple[int, str]]
         return f"unreadable: {e}", []
     bad = [(start + j, shard.keys[j]) for j in shard.failing_crc()]
     why = f"sha256 mismatch; {len(bad)} samples fail their crc32" if bad else \
-        "sha256 mismatch in shard metadata (sample bytes intact)"
+        ("sha256 mismatch, every sample's crc32 intact: its metadata is damaged, or it is another file (a copy "
+         "of another shard?)")
     return why, bad
 
 

@@ -47,9 +47,10 @@ def _shard_damage(path: Path, sha256: str, open_shard) -> str | None:
         bad = [(j, shard.keys[j]) for j in shard.failing_crc()]
     except CacheFormatError as e:
         return str(e)
-    what = ", ".join(f"sample {j} ({k})" for j, k in bad[:5]) + (" ..." if len(bad) > 5 else "") if bad else \
-        "its metadata (every sample's crc32 still matches)"
-    return (f"{path}: sha256 differs from manifest.json: damaged {what}; run `fastdata verify "
+    what = "damaged " + ", ".join(f"sample {j} ({k})" for j, k in bad[:5]) + (" ..." if len(bad) > 5 else "") \
+        if bad else "every sample's crc32 matches, so its metadata is damaged or it is another file (a copy of " \
+                    "another shard?)"
+    return (f"{path}: sha256 differs from manifest.json: {what}; run `fastdata verify "
             f"{path.parent}` and rebuild the cache (rerunning build-cache rebuilds only damaged shards)")
 
 
