@@ -202,6 +202,28 @@ def test_stage_copies_and_falls_back(raw_cache, tmp_path, monkeypatch, caplog):
     assert "not staging" in caplog.text
 
 
+def test_a_stage_that_runs_out_of_room_midway_frees_its_copy_and_falls_back(raw_cache, tmp_path, monkeypatch,
+                                                                             caplog):
+    """The free-space check passed but the mount filled up during the copy (another job): ENOSPC was a
+    traceback, and the half copy stayed in tmpfs, holding RAM."""
+    import errno
+
+    import fastdata.cache.stage as stage
+
+    real, copied = stage.shutil.copyfile, []
+
+    def copyfile(a, b):
+        if copied:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        copied.append(real(a, b))
+
+    monkeypatch.setattr(stage.shutil, "copyfile", copyfile)
+    target = tmp_path / "shm" / "c"
+    assert stage_cache(raw_cache, target) == raw_cache and copied
+    assert "No space left on device; the partial copy was removed" in caplog.text
+    assert sorted(p.name for p in target.parent.iterdir()) == [".c.stage-lock"]
+
+
 def _stager(barrier, cache, target, queue) -> None:
     barrier.wait()
     try:

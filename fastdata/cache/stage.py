@@ -3,8 +3,10 @@
 tmpfs pages are RAM charged to the writer's memory cgroup, so free space on
 the mount is not enough: a container with an 8 GB limit can "fit" 100 GB in
 /dev/shm and then be OOM-killed. Both limits are checked, with headroom.
-If either is short, staging is skipped with a warning and the original path
-is returned, so a job never fails because staging could not happen.
+If either is short, or the copy fails (the mount filled up meanwhile), staging
+is skipped with a warning (a partial copy is removed, as tmpfs holds RAM) and
+the original path is returned, so a job never fails because staging could not
+happen.
 """
 from __future__ import annotations
 
@@ -86,11 +88,18 @@ def _copy(cache: Path, target: Path, m) -> Path:
     tmp = target.with_name(target.name + ".staging")
     if tmp.exists():
         unstage(tmp)   # a copy a killed run left behind (it carries the marker); anything else is refused
-    tmp.mkdir()
-    (tmp / MARKER).write_text(str(cache.resolve()))   # first, so a half copy is known to be ours
-    for s in m.shards:
-        shutil.copyfile(cache / s.name, tmp / s.name)
-    shutil.copyfile(cache / MANIFEST, tmp / MANIFEST)
+    try:
+        tmp.mkdir()
+        (tmp / MARKER).write_text(str(cache.resolve()))   # first, so a half copy is known to be ours
+        for s in m.shards:
+            shutil.copyfile(cache / s.name, tmp / s.name)
+        shutil.copyfile(cache / MANIFEST, tmp / MANIFEST)
+    except OSError as e:   # the mount filled up meanwhile (another job): free it, read the cache instead
+        if (tmp / MARKER).exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.warning("not staging %s to %s: %s; the partial copy was removed; reading from %s instead",
+                    cache, target, e.strerror or e, cache)
+        return cache
     if target.exists():
         unstage(target)
     tmp.rename(target)
