@@ -446,3 +446,18 @@ def test_classes_from_numbers_a_validation_set_as_its_training_cache(image_folde
     assert "SRC has class(es) 'd' that" in capsys.readouterr().err and not (tmp_path / "v2").exists()
     assert main(["build-cache", str(val), str(tmp_path / "v3"), "--classes-from", str(val)]) == 2
     assert f"--classes-from {val}: " in capsys.readouterr().err
+
+
+def test_a_class_folder_holding_another_tools_manifest_json_is_a_class_not_a_cache(image_folder, tmp_path):
+    """A labelling export's manifest.json inside class 'a' made discovery skip the folder as a fastdata
+    cache: its images were lost and b, c became classes 0, 1. A truncated manifest of ours (shards beside
+    it) is still a cache, never an input."""
+    src = _tree(image_folder, tmp_path / "src")
+    (src / "a" / "manifest.json").write_text('{"tool": "label-studio", "tasks": 3}')
+    m = build(src, tmp_path / "c", workers=0).manifest
+    assert m.label_map == {"a": 0, "b": 1, "c": 2} and m.num_samples == 9
+    inner = src / "b" / "old-cache"
+    shutil.copytree(tmp_path / "c", inner)
+    (inner / "manifest.json").write_text((inner / "manifest.json").read_text()[:40])   # damaged, still ours
+    again = build(src, tmp_path / "c2", workers=0)
+    assert again.manifest.num_samples == 9 and "1 a fastdata cache" in again.skipped

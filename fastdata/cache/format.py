@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,6 +45,24 @@ FORMAT_VERSION = 2       # 2: manifest_sha256 and checked counts; version 1 cach
 MANIFEST = "manifest.json"
 KINDS = ("raw", "jpeg", "bytes")
 SHARD_FORMATS = ("h5", "pt")
+SHARD_NAME = re.compile(r"^shard-\d{5,}\.(h5|pt)$")
+
+
+def is_manifest(path: str | Path) -> bool:
+    """path (a folder's manifest.json) is fastdata's, damaged or not: it names format_version (in its first
+    KB: keys are sorted), or shards lie beside it. Another tool's manifest.json (a labelling export
+    inside a class folder) is not: such a folder was taken for a cache and skipped, its images lost and
+    every later class's label moved down by one."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    try:
+        with open(p, "rb") as f:
+            if b'"format_version"' in f.read(1 << 20):
+                return True
+        return any(SHARD_NAME.match(name) for name in os.listdir(p.parent))
+    except OSError:   # unreadable: taken as ours, so that reading it names the file and the problem
+        return True
 ARRAYS = ("data", "offsets", "labels", "shapes", "crc32", "keys")
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .._util import refuse_url, user_path
 from ..errors import SourceError
+from .format import MANIFEST, is_manifest
 from .lists import read_list
 from .tarsource import is_tar_source, tar_items
 
@@ -83,9 +84,10 @@ def read_item(item: Item, options: dict | None = None) -> bytes:
 
 
 def is_cache_dir(path: str | Path) -> bool:
-    """A fastdata cache (finished or being built): never an input class."""
+    """A fastdata cache (finished, or being built: its lock is taken first): never an input class. A
+    folder holding another tool's manifest.json or a .build folder of its own is not one."""
     p = Path(path)
-    return (p / "manifest.json").is_file() or (p / ".build").is_dir()
+    return is_manifest(p / MANIFEST) or (p / ".build" / "lock").is_file() or (p / ".build" / "journal.json").is_file()
 
 
 @dataclass

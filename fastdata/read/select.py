@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..cache.format import MANIFEST, load_manifest
+from ..cache.format import MANIFEST, is_manifest, load_manifest
+
 
 def is_cache(path: str | Path) -> bool:
-    return (Path(path) / MANIFEST).is_file()
+    """A finished cache: fastdata's manifest.json (format.is_manifest), not another tool's."""
+    return is_manifest(Path(path) / MANIFEST)
 
 
 def num_classes(path: str | Path, storage_options: dict | None = None, allow_empty_classes: bool = False) -> int:
