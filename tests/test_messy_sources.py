@@ -461,3 +461,21 @@ def test_a_class_folder_holding_another_tools_manifest_json_is_a_class_not_a_cac
     (inner / "manifest.json").write_text((inner / "manifest.json").read_text()[:40])   # damaged, still ours
     again = build(src, tmp_path / "c2", workers=0)
     assert again.manifest.num_samples == 9 and "1 a fastdata cache" in again.skipped
+
+
+def test_a_path_with_a_comma_in_a_whitespace_separated_list_and_lists_without_entries(image_folder, tmp_path):
+    """`we,ird/a b.jpg cat` was split at the comma, its 'we' taken for a header, and the build said 'no
+    image files found; expected class sub-folders'."""
+    odd = tmp_path / "we,ird" / "a b.jpg"
+    odd.parent.mkdir()
+    shutil.copyfile(sorted(image_folder.rglob("*.jpg"))[0], odd)
+    lst = tmp_path / "list.txt"
+    lst.write_text("we,ird/a b.jpg cat\n")
+    m = build(lst, tmp_path / "c", workers=0).manifest
+    assert m.num_samples == 1 and m.label_map == {"cat": 0}
+    lst.write_text('path,label\n"we,ird/a b.jpg",cat\n')   # the same in CSV, quoted
+    assert build(lst, tmp_path / "c2", workers=0).manifest.label_map == {"cat": 0}
+    for text, needle in (("# nothing yet\n", "no entries"), ("path,label\n", "line 1 is a header")):
+        lst.write_text(text)
+        with pytest.raises(SourceError, match=needle):
+            build(lst, tmp_path / "c3", workers=0)

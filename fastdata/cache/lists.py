@@ -21,10 +21,26 @@ HEADER_WORDS = frozenset({"path", "file", "filename", "file_name", "filepath", "
                           "images", "name", "relpath", "url"})
 
 
-def _sniff(src: Path, first: str) -> str:
-    if src.suffix.lower() == ".tsv" or "\t" in first:
+def _sniff(src: Path, lines: list[tuple[int, str]]) -> str:
+    """The separator under which one of the first two lines (the first may be a header) names a file
+    that exists: `we,ird/a b.jpg cat` is a path with a comma and a space-separated label. Where none
+    does, tab if there is one, else comma if there is one, else whitespace."""
+    if src.suffix.lower() == ".tsv":
+        return "tab"
+    for _, line in lines[:2]:
+        for how in ("tab", "comma", "space"):
+            parts = _split(line, how)
+            if parts and parts[0] and _resolve(parts[0], src).is_file():
+                return how
+    first = lines[0][1]
+    if "\t" in first:
         return "tab"
     return "comma" if "," in first else "space"
+
+
+def _resolve(path: str, src: Path) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else src.parent / p
 
 
 def _split(line: str, how: str) -> list[str]:
@@ -36,8 +52,7 @@ def _split(line: str, how: str) -> list[str]:
 
 
 def _is_header(path: str, src: Path) -> bool:
-    p = Path(path)
-    p = p if p.is_absolute() else src.parent / p
+    p = _resolve(path, src)
     return path.lower() in HEADER_WORDS or (not p.exists() and not p.suffix)
 
 
@@ -57,14 +72,18 @@ def read_list(src: Path) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
     lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1)
              if line.strip() and not line.lstrip().startswith("#")]
     if not lines:
-        return [], {}
-    how = _sniff(src, lines[0][1])
+        raise SourceError(f"{src}: no entries (the list is empty, or only comments); add one 'path,label' line "
+                          f"per image")
+    how = _sniff(src, lines)
     rows = []
     for n, line in lines:
         parts = _split(line, how)
         rows.append((n, parts[0], parts[1] if len(parts) > 1 else ""))
     if _is_header(rows[0][1], src):
         rows = rows[1:]
+    if not rows:
+        raise SourceError(f"{src}: line {lines[0][0]} is a header (or names a missing file without an "
+                          f"extension) and no entries follow; add one 'path,label' line per image")
     unlabelled = [n for n, _, name in rows if not name]
     if unlabelled and len(unlabelled) < len(rows):   # a list without labels is one class; a gap is an error
         raise SourceError(f"{src}: line {unlabelled[0]} has no label but other lines do"
