@@ -479,3 +479,17 @@ def test_a_path_with_a_comma_in_a_whitespace_separated_list_and_lists_without_en
         lst.write_text(text)
         with pytest.raises(SourceError, match=needle):
             build(lst, tmp_path / "c3", workers=0)
+
+
+def test_split_folders_given_as_src_are_warned_about(image_folder, tmp_path, caplog):
+    """imagenet/ holding train/ and val/ builds two classes, 'train' and 'val' (as ImageFolder would):
+    the build says so, naming the folder to build instead; real classes are not warned about."""
+    root = tmp_path / "imagenet"
+    _tree(image_folder, root / "train")
+    _tree(image_folder, root / "val", per_class=1)
+    m = build(root, tmp_path / "c", workers=0).manifest
+    assert m.label_map == {"train": 0, "val": 1}
+    assert f"build each split on its own (SRC {root / 'train'})" in caplog.text
+    caplog.clear()
+    build(root / "train", tmp_path / "c2", workers=0)
+    assert "data set splits" not in caplog.text

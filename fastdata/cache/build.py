@@ -29,7 +29,7 @@ from .journal import (BuildLock, Journal, clean_strays, fingerprint, inputs_dige
                       labels_digest, load_journal)
 from ..stores.s3 import is_url, redact
 from . import remote_dest
-from .sources import Item, discover, is_cache_dir, partition, refuse_url, with_classes
+from .sources import Item, discover, is_cache_dir, partition, refuse_url, split_hint, with_classes
 
 log = logging.getLogger("fastdata.build")
 MIN_SHARDS = 64         # large data sets are cut into >= 64 shards to keep 64 workers busy; small ones
@@ -252,6 +252,8 @@ def build_cache(cfg: BuildConfig) -> BuildResult:
     if cfg.classes_from:   # its map's effect is in the fingerprint (labels_digest), its path is not
         source = with_classes(source, _label_map_of(cfg), cfg.classes_from)
     items = partition(source.items, cfg.part)   # (a bad SRC creates no DEST)
+    if split_hint(source, cfg.src):
+        log.warning("build-cache: %s", split_hint(source, cfg.src))
     _warn_upscaling(cfg, items)
     dest = remote_dest.prepare(cfg.dest, cfg.storage_options) if is_url(cfg.dest) else _prepare_dest(cfg)
     with BuildLock(dest):   # taken before anything is written in DEST: concurrent builds cannot race

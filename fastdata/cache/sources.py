@@ -163,6 +163,25 @@ def _from_folder(src: Path, images_only: bool, exclude: frozenset[str], allow_em
     return Source(tuple(items), label_map, "folder", tuple(scan.skipped))
 
 
+SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "test", "testing", "eval"})
+
+
+def split_hint(source: Source, src: str | Path) -> str:
+    """'' or a warning when SRC's classes are split folders (imagenet/ holding train/ and val/): the
+    build would make 'train' and 'val' the two classes, as torchvision's ImageFolder would, silently."""
+    names = set(source.label_map)
+    if source.layout != "folder" or len(names) < 2 or not names <= SPLIT_NAMES:
+        return ""
+    nested = [n for n in sorted(names) if any(it.key.count("/") >= 2 for it in source.items
+                                              if it.key.split("/", 1)[0] == n)]
+    if not nested:
+        return ""
+    first = nested[0]
+    return (f"SRC {src}: its classes are {', '.join(sorted(names))}, which look like data set splits holding "
+            f"the real class folders; build each split on its own (SRC {Path(src) / first}), unless these are "
+            f"the classes you mean")
+
+
 def _from_list(src: Path) -> Source:
     rows, label_map = read_list(src)
     items = []
