@@ -28,7 +28,7 @@ def _jpeg(w: int, h: int, seed: int) -> np.ndarray:
 
 
 def test_cpu_share_is_a_checked_option_of_the_nvjpeg_backend():
-    assert split_options("nvjpeg", {}).cpu_share == 0.0           # opt-in until measured on a GPU
+    assert split_options("nvjpeg", {}).cpu_share == 0.0           # opt-in: it lost on an H100 (README)
     for bad in (-0.1, 1.5, "half", True, float("nan")):
         with pytest.raises(LoaderError, match="cpu_share"):
             split_options("nvjpeg", {"cpu_share": bad}).check()
@@ -51,6 +51,23 @@ def test_decoded_pixels_are_pils_back_to_back_and_a_bad_image_is_named():
         decode_pixels(jpegs[:2], h[:2], np.array([40, 18]), lambda j: f"img{j}", pin=False)
     with pytest.raises(LoaderError, match=r"img0: .*build-cache"):
         decode_pixels([jpegs[0][:50]], h[:1], w[:1], lambda j: f"img{j}", pin=False)
+
+
+def test_torchvisions_planar_images_are_copied_whatever_their_strides(monkeypatch):
+    """torchvision's CPU decode_jpeg returns CHW views of HWC buffers: joining them with .view(-1) failed
+    on the first batch on an H100 (2026-12-07). A stand-in torchvision.io returns such views here."""
+    import sys
+
+    def decode_jpeg(tensors, mode=None):
+        return [torch.from_numpy(_pil(t.numpy()).copy()).permute(2, 0, 1) for t in tensors]
+
+    fake = SimpleNamespace(decode_jpeg=decode_jpeg, ImageReadMode=SimpleNamespace(RGB="RGB"))
+    monkeypatch.setitem(sys.modules, "torchvision", SimpleNamespace(io=fake))
+    monkeypatch.setitem(sys.modules, "torchvision.io", fake)
+    jpegs = [_jpeg(40, 30, 0), _jpeg(17, 9, 1)]
+    h, w = np.array([30, 9]), np.array([40, 17])
+    flat = cpu_share.decode_planes(jpegs, h, w, str, pin=False)
+    assert np.array_equal(flat.numpy(), np.concatenate([_pil(j).transpose(2, 0, 1).reshape(-1) for j in jpegs]))
 
 
 @pytest.mark.parametrize("sizes", [[(30, 40)] * 3, [(30, 40), (9, 17), (12, 12)]])

@@ -76,13 +76,14 @@ class NvjpegOptions:
     lanes: int = 1
     # True: a reader copies each batch's JPEG bytes into a pinned slot of a ring, so nvJPEG's copy of
     # each image to the GPU is a DMA; False: nvJPEG reads them where they lie (the cache's page cache),
-    # one host-synchronous pageable copy per image (benchmarks/hw_output.py counted it). Opt-in until
-    # host_probe.py --jpeg --only pinned has measured it feeding a model on a GPU
+    # one host-synchronous pageable copy per image (benchmarks/hw_output.py counted it). Opt-in: feeding
+    # resnet18 on an H100 it gained nothing (79.7% of synthetic against 81.6%; README, Compact caches)
     pinned: bool = False
     # share of each batch decoded on the CPU in the reader threads instead (read/backends/cpu_share.py), for a
     # GPU whose decoder falls behind a fast model while the CPUs idle; batches whose sizes the header
     # parse cannot give, or with turned (EXIF) images, stay whole on the GPU. 1.0 decodes every image
-    # on the CPU and crops on the GPU. Opt-in until host_probe.py --jpeg --only "cpu share" has measured it
+    # on the CPU and crops on the GPU. Off: feeding resnet18 on an H100 every share lost (21-32% of synthetic
+    # against 82%): the decoding threads took the GIL and memory bandwidth from the step's launches
     cpu_share: float = 0.0
 
     def check(self) -> None:
