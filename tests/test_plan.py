@@ -57,3 +57,16 @@ def test_settings_no_image_can_be_made_with_exit_2_before_the_source_is_read(ima
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and ("--size" in err[0] or "--quality" in err[0]), err
     assert not (tmp_path / "c").exists()
+
+
+def test_plan_warns_when_srcs_classes_are_split_folders(tmp_path, capsys):
+    from PIL import Image
+
+    from fastdata.cli import main
+
+    for split in ("train", "val"):
+        for cls in ("cat", "dog"):
+            (tmp_path / "ds" / split / cls).mkdir(parents=True)
+            Image.new("RGB", (40, 30), (10, 20, 30)).save(tmp_path / "ds" / split / cls / "x.jpg")
+    assert main(["plan", str(tmp_path / "ds")]) == 0
+    assert f"build each split on its own (SRC {tmp_path / 'ds' / 'train'})" in capsys.readouterr().out

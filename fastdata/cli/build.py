@@ -81,7 +81,7 @@ def _add_build(sub) -> None:
 def _cmd_plan(a) -> int:
     from ..cache.codecs import CodecConfig, check_codec
     from ..cache.plan import plan
-    from ..cache.sources import discover
+    from ..cache.sources import discover, split_hint
 
     codec = CodecConfig(a.encode if a.encode != "bytes" else "raw", a.size, a.resize, a.quality)
     check_codec(codec)      # before discovery, which can take minutes on a large SRC
@@ -89,6 +89,8 @@ def _cmd_plan(a) -> int:
     source = discover(a.src, images_only=a.encode != "bytes", storage_options=options,
                       allow_empty_classes=a.allow_empty_classes)
     print(plan(source.items, codec, getattr(a, "dest", None), options).text())
+    if split_hint(source, a.src):
+        print(f"warning: {split_hint(source, a.src)}")
     return 0
 
 
