@@ -493,3 +493,13 @@ def test_split_folders_given_as_src_are_warned_about(image_folder, tmp_path, cap
     caplog.clear()
     build(root / "train", tmp_path / "c2", workers=0)
     assert "data set splits" not in caplog.text
+
+
+def test_a_path_listed_twice_with_different_labels_is_warned_about_and_kept_as_written(image_folder, tmp_path,
+                                                                                       caplog):
+    photos = sorted(image_folder.rglob("*.jpg"))[:2]
+    lst = tmp_path / "list.csv"
+    lst.write_text(f"{photos[0]},cat\n{photos[1]},dog\n{photos[0]},dog\n{photos[1]},dog\n")
+    m = build(lst, tmp_path / "c", workers=0).manifest
+    assert m.num_samples == 4 and f"{photos[0]} is labelled differently on lines 1 and 3" in caplog.text
+    assert "such lines" not in caplog.text   # line 4 repeats line 2's label: no clash

@@ -13,10 +13,13 @@ class ("0"); a line without a label among labelled ones is an error, not class 0
 from __future__ import annotations
 
 import csv
+import logging
+import os
 from pathlib import Path
 
 from ..errors import SourceError
 
+log = logging.getLogger("fastdata.build")
 HEADER_WORDS = frozenset({"path", "file", "filename", "file_name", "filepath", "image", "img", "image_path",
                           "images", "name", "relpath", "url"})
 
@@ -89,7 +92,26 @@ def read_list(src: Path) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
         raise SourceError(f"{src}: line {unlabelled[0]} has no label but other lines do"
                           f"{f' ({len(unlabelled)} such lines)' if len(unlabelled) > 1 else ''}; give every "
                           f"line a label, or none")
-    return _label_map(src, [(n, path, name or "0") for n, path, name in rows])
+    rows = [(n, path, name or "0") for n, path, name in rows]
+    _warn_conflicts(src, rows)
+    return _label_map(src, rows)
+
+
+def _warn_conflicts(src: Path, rows: list[tuple[int, str, str]]) -> None:
+    """A path listed twice with different labels (a spreadsheet merged from two sources) is kept as two
+    samples, as written, with a warning naming the first such pair of lines."""
+    seen: dict[str, tuple[int, str]] = {}
+    clashes = []
+    for n, path, name in rows:
+        key = os.path.normpath(path)
+        first = seen.setdefault(key, (n, name))
+        if first[1] != name:
+            clashes.append((first[0], n, path))
+    if clashes:
+        a, b, path = clashes[0]
+        log.warning("%s: %s is labelled differently on lines %d and %d%s; each line stays a sample, as written: "
+                    "fix the labels if one is wrong", src, path, a, b,
+                    f" ({len(clashes)} such lines)" if len(clashes) > 1 else "")
 
 
 def _label_map(src: Path, rows: list[tuple[int, str, str]]) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
