@@ -97,3 +97,18 @@ def test_the_dataloader_factory_takes_an_iterable_dataset_as_torch_does():
     assert isinstance(fastdata.dataloader(samples, 8, workers=0).sampler, torch.utils.data.RandomSampler)
     assert isinstance(fastdata.dataloader(samples, 8, workers=0, shuffle=False).sampler,
                       torch.utils.data.SequentialSampler)
+
+
+def test_an_empty_map_dataset_is_named_not_a_sampler_error():
+    """torch's DataLoader answers an empty dataset with 'num_samples should be a positive integer value'."""
+    import torch.utils.data
+
+    class Empty(torch.utils.data.Dataset):
+        def __len__(self):
+            return 0
+
+        def __getitem__(self, i):
+            raise IndexError(i)
+
+    with pytest.raises(LoaderError, match="Empty has no samples"):
+        fastdata.dataloader(Empty(), batch_size=4)

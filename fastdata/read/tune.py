@@ -129,6 +129,9 @@ def tuned_dataloader(dataset, batch_size: int, *, autotune_seconds: float | None
         raise LoaderError(f"tuned_dataloader({cfg}): batch_size and prefetch_factor must be >= 1, workers >= 0")
     if isinstance(dataset, IterableDataset):
         cfg = _iterable(dataset, cfg, autotune_seconds)
+    elif hasattr(dataset, "__len__") and len(dataset) == 0:   # torch: "num_samples should be a positive integer"
+        raise LoaderError(f"tuned_dataloader: {type(dataset).__name__} has no samples (len 0); check the data "
+                          f"set's path or filter")
     tuning = None
     if autotune_seconds:
         cfg, results, gain = autotune(dataset, cfg, autotune_seconds, collate_fn)
