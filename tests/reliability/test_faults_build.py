@@ -27,7 +27,7 @@ def _long_list(image_folder: Path, tmp_path: Path, copies: int = 8) -> Path:
     """A file list naming every photo `copies` times: a build long enough to interrupt."""
     photos = sorted(image_folder.rglob("*.jpg"))
     lst = tmp_path / "list.csv"
-    lst.write_text("".join(f"{p},{k % 10}\n" for k in range(copies) for p in photos))
+    lst.write_text("".join(f"{p},{j % 10}\n" for _ in range(copies) for j, p in enumerate(photos)))
     return lst
 
 
