@@ -63,6 +63,8 @@ def test_classes_from_numbers_a_validation_set_as_its_training_cache(image_folde
     assert main(argv + ["--classes-from", str(tmp_path / "tc")]) == 0
     assert CacheDataset(tmp_path / "vc").cache.labels().tolist() == [0, 0, 2, 2]
     assert CacheDataset(tmp_path / "vc").cache.manifest.label_map == train.manifest.label_map
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "vc")]) == 0 and "labels: 0 a, 1 b, 2 c\n" in capsys.readouterr().out
     assert main(argv) == 2 and "built with other labels" in capsys.readouterr().err   # numbering differs
     (val / "d").mkdir()
     shutil.copyfile(next(val.rglob("*.jpg")), val / "d" / "x.jpg")

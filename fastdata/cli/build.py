@@ -136,6 +136,9 @@ def _cmd_info(a) -> int:
           f"shape {tuple(m.sample_shape) if m.sample_shape else 'variable'}, classes {len(m.label_map)}")
     gpu = f" decoder={m.build['decoder']}" if "decoder" in m.build else ""   # nvjpeg: pixels differ from cpu
     print(f"  build: size={m.build.get('size')} resize={m.build.get('resize')} encode={m.build.get('encode')}{gpu}")
+    names = sorted(m.label_map, key=m.label_map.get)
+    print(f"  labels: {', '.join(f'{m.label_map[n]} {n}' for n in names[:12])}"
+          f"{f', ... ({len(names) - 12} more in manifest.json label_map)' if len(names) > 12 else ''}")
     ram, budget = memory_total(), memory_budget()
     where = ("fits in half of the memory budget: read at memory speed" if total <= budget // 2 else
              "larger than half of the memory budget: fastdata.loader streams it from disk (memory='auto')")
