@@ -20,6 +20,7 @@ from pathlib import Path
 from ..errors import SourceError
 
 log = logging.getLogger("fastdata.build")
+_WARNED: set[str] = set()
 HEADER_WORDS = frozenset({"path", "file", "filename", "file_name", "filepath", "image", "img", "image_path",
                           "images", "name", "relpath", "url"})
 
@@ -107,7 +108,8 @@ def _warn_conflicts(src: Path, rows: list[tuple[int, str, str]]) -> None:
         first = seen.setdefault(key, (n, name))
         if first[1] != name:
             clashes.append((first[0], n, path))
-    if clashes:
+    if clashes and str(src) not in _WARNED:   # once a process: `train` discovers a list twice
+        _WARNED.add(str(src))
         a, b, path = clashes[0]
         log.warning("%s: %s is labelled differently on lines %d and %d%s; each line stays a sample, as written: "
                     "fix the labels if one is wrong", src, path, a, b,
