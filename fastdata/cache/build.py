@@ -252,8 +252,9 @@ def build_cache(cfg: BuildConfig) -> BuildResult:
     if cfg.classes_from:   # its map's effect is in the fingerprint (labels_digest), its path is not
         source = with_classes(source, _label_map_of(cfg), cfg.classes_from)
     items = partition(source.items, cfg.part)   # (a bad SRC creates no DEST)
-    if split_hint(source, cfg.src):
-        log.warning("build-cache: %s", split_hint(source, cfg.src))
+    hint = split_hint(source, cfg.src)
+    if hint:
+        log.warning("build-cache: %s", hint)
     _warn_upscaling(cfg, items)
     dest = remote_dest.prepare(cfg.dest, cfg.storage_options) if is_url(cfg.dest) else _prepare_dest(cfg)
     with BuildLock(dest):   # taken before anything is written in DEST: concurrent builds cannot race

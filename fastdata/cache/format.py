@@ -45,7 +45,6 @@ FORMAT_VERSION = 2       # 2: manifest_sha256 and checked counts; version 1 cach
 MANIFEST = "manifest.json"
 KINDS = ("raw", "jpeg", "bytes")
 SHARD_FORMATS = ("h5", "pt")
-SHARD_NAME = re.compile(r"^shard-\d{5,}\.(h5|pt)$")
 
 
 def is_manifest(path: str | Path) -> bool:
@@ -60,9 +59,11 @@ def is_manifest(path: str | Path) -> bool:
         with open(p, "rb") as f:
             if b'"format_version"' in f.read(1 << 20):
                 return True
-        return any(SHARD_NAME.match(name) for name in os.listdir(p.parent))
+        return any(_SHARD_NAME.match(name) for name in os.listdir(p.parent))
     except OSError:   # unreadable: taken as ours, so that reading it names the file and the problem
         return True
+
+
 ARRAYS = ("data", "offsets", "labels", "shapes", "crc32", "keys")
 
 

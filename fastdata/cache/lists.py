@@ -34,7 +34,7 @@ def _sniff(src: Path, lines: list[tuple[int, str]]) -> str:
     for _, line in lines[:2]:
         for how in ("tab", "comma", "space"):
             parts = _split(line, how)
-            if parts and parts[0] and _resolve(parts[0], src).is_file():
+            if parts and parts[0] and resolve(parts[0], src).is_file():
                 return how
     first = lines[0][1]
     if "\t" in first:
@@ -42,7 +42,8 @@ def _sniff(src: Path, lines: list[tuple[int, str]]) -> str:
     return "comma" if "," in first else "space"
 
 
-def _resolve(path: str, src: Path) -> Path:
+def resolve(path: str, src: Path) -> Path:
+    """A list's path: relative ones are relative to the list's folder."""
     p = Path(path)
     return p if p.is_absolute() else src.parent / p
 
@@ -56,7 +57,7 @@ def _split(line: str, how: str) -> list[str]:
 
 
 def _is_header(path: str, src: Path) -> bool:
-    p = _resolve(path, src)
+    p = resolve(path, src)
     return path.lower() in HEADER_WORDS or (not p.exists() and not p.suffix)
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from .._util import refuse_url, user_path
 from ..errors import SourceError
 from .format import MANIFEST, is_manifest
-from .lists import read_list
+from .journal import BUILD_DIR, JOURNAL
+from .lists import read_list, resolve
 from .tarsource import is_tar_source, tar_items
 
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
@@ -87,7 +88,7 @@ def is_cache_dir(path: str | Path) -> bool:
     """A fastdata cache (finished, or being built: its lock is taken first): never an input class. A
     folder holding another tool's manifest.json or a .build folder of its own is not one."""
     p = Path(path)
-    return is_manifest(p / MANIFEST) or (p / ".build" / "lock").is_file() or (p / ".build" / "journal.json").is_file()
+    return is_manifest(p / MANIFEST) or (p / BUILD_DIR / "lock").is_file() or (p / JOURNAL).is_file()
 
 
 @dataclass
@@ -186,8 +187,7 @@ def _from_list(src: Path) -> Source:
     rows, label_map = read_list(src)
     items = []
     for lineno, path, name in rows:
-        p = Path(path)
-        p = p if p.is_absolute() else (src.parent / p)
+        p = resolve(path, src)
         if p.exists() and not p.is_file():
             raise SourceError(f"{src}: line {lineno} names {p}, which is not a regular file (a folder, device or "
                               f"pipe); fix or remove that line")

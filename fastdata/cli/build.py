@@ -89,8 +89,9 @@ def _cmd_plan(a) -> int:
     source = discover(a.src, images_only=a.encode != "bytes", storage_options=options,
                       allow_empty_classes=a.allow_empty_classes)
     print(plan(source.items, codec, getattr(a, "dest", None), options).text())
-    if split_hint(source, a.src):
-        print(f"warning: {split_hint(source, a.src)}")
+    hint = split_hint(source, a.src)
+    if hint:
+        print(f"warning: {hint}")
     return 0
 
 
