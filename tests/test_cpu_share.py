@@ -110,7 +110,7 @@ def test_the_cpu_takes_the_last_share_of_an_upright_batch_with_known_sizes(jpeg_
     monkeypatch.setattr(cpu_share, "DECODER", "pil")       # (no torchvision beside this torch)
     src = EncodedSource(jpeg_cache)
     counted = {}
-    me = SimpleNamespace(_share=0.4, encoded=src, _count=lambda which, n: counted.__setitem__(which, n))
+    me = SimpleNamespace(_share=0.4, encoded=src, _procs=None, _count=lambda which, n: counted.__setitem__(which, n))
     idx = np.array([3, 0, 5, 1, 7])
     batch = src.get_spans(idx)
     sizes = batch.baseline_sizes()

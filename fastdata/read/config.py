@@ -85,9 +85,19 @@ class NvjpegOptions:
     # on the CPU and crops on the GPU. Off: feeding resnet18 on an H100 every share lost (21-32% of synthetic
     # against 82%): the decoding threads took the GIL and memory bandwidth from the step's launches
     cpu_share: float = 0.0
+    # processes decoding that share (read/backends/decode_pool.py: forked when the loader is made, writing
+    # into shared page-locked slots), so the decoding holds no GIL of the training's process; 0: the
+    # reader threads decode it, which is what lost above
+    cpu_processes: int = 0
 
     def check(self) -> None:
         check_mode(self.integrity)
+        if not isinstance(self.cpu_processes, int) or isinstance(self.cpu_processes, bool) or self.cpu_processes < 0:
+            raise LoaderError(f"NvjpegOptions(cpu_processes={self.cpu_processes!r}): give a whole number of decode "
+                              f"processes, or 0 to decode the CPU share in the reader threads")
+        if self.cpu_processes and not self.cpu_share:
+            raise LoaderError(f"NvjpegOptions(cpu_processes={self.cpu_processes}) without cpu_share: the processes "
+                              f"would decode nothing; give cpu_share (e.g. 0.5) too")
         if isinstance(self.cpu_share, bool) or not isinstance(self.cpu_share, (int, float)) \
                 or not 0.0 <= self.cpu_share <= 1.0:
             raise LoaderError(f"NvjpegOptions(cpu_share={self.cpu_share!r}): give the share of each batch to "

@@ -138,21 +138,26 @@ def test_bytes_packed_into_pinned_slots_decode_as_bytes_read_in_place(hardware, 
 
 @pytest.mark.parametrize("hardware,pinned,share,decoder", [
     (True, False, 0.5, "torchvision"), (False, False, 0.5, "torchvision"), (True, True, 0.4, "torchvision"),
-    (True, False, 1.0, "torchvision"), (True, False, 0.5, "pil")])
+    (True, False, 1.0, "torchvision"), (True, False, 0.5, "pil"), (True, False, 0.5, "processes"),
+    (False, True, 1.0, "processes")])
 def test_a_cpu_share_of_each_batch_gives_the_gpus_batches_within_decoder_rounding(hardware, pinned, share, decoder,
                                                                                   jpeg_cache, monkeypatch):
     """options.cpu_share: the last images of each batch decoded on the CPU and joined to nvJPEG's give the
     same labels and crop windows as the GPU alone, pixels within the two decoders' rounding."""
     from fastdata.read.backends import cpu_share
 
-    monkeypatch.setattr(cpu_share, "DECODER", decoder)
+    if decoder != "processes":      # (cpu_processes: PIL in forked processes, decode_pool.py)
+        monkeypatch.setattr(cpu_share, "DECODER", decoder)
     outs, counts = [], []
     for part in (share, 0.0):
+        procs = 2 if decoder == "processes" and part else 0
         dl = fastdata.loader(jpeg_cache, 8, backend="nvjpeg", device="cuda", seed=3, hardware=hardware,
-                             pinned=pinned, cpu_share=part, prefetch=1,
+                             pinned=pinned, cpu_share=part, cpu_processes=procs, prefetch=1,
                              augment=AugmentConfig(size=40, dtype="float32", mean=(0, 0, 0), std=(1, 1, 1)))
         outs.append([(b.images.float().cpu(), b.labels.cpu()) for _ in range(2) for b in dl])
         counts.append(dict(dl.backend.decoded))
+        if procs:       # the slots are page-locked: their uploads are DMAs
+            assert dl.backend._slots and all(slot._pinned for slot in dl.backend._slots if slot.path)
         dl.close()
     assert counts[0]["cpu"] > 0 and counts[1]["cpu"] == 0
     for (a, la), (b, lb) in zip(*outs):

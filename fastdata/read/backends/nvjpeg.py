@@ -42,6 +42,7 @@ from ...cache.hw_decode import HardwareDecodeError, Planes, open_hardware_decode
 from ..spans import EncodedBatch
 from . import BaseBackend
 from .cpu_share import cpu_count, decode_cpu, upload_planar
+from .decode_pool import DecodePool, Slot
 from .decode import batch_rng, draw_flips, source_attrs
 from .gpu_resize import crop_resize, pack, pack_spans
 
@@ -81,6 +82,9 @@ class NvjpegBackend(BaseBackend):
         self.hardware = "nvJPEG hardware backend" if cfg.options.hardware else "off (options.hardware=False)"
         self.decoded = {"hardware": 0, "torchvision": 0, "cpu": 0}
         self._share = cfg.options.cpu_share
+        self._slots: list[Slot] = []
+        # forked here, before the lanes' and readers' threads start (decode_pool.py says why)
+        self._procs = DecodePool(cfg.options.cpu_processes) if self._share and cfg.options.cpu_processes else None
         self._spare = [self._new_lane()]    # the first lane now: a GPU without engines says so at once
         self._engines = self._spare[0]["hw"] is not None
 
@@ -102,15 +106,24 @@ class NvjpegBackend(BaseBackend):
         return lane
 
     def ring(self, n: int) -> list[dict] | None:
-        """Pinned slots for the batches' bytes (options.pinned), grown as a batch needs."""
-        return [{"room": None, "staged": None} for _ in range(n)] if self.cfg.options.pinned else None
+        """Slots, grown as a batch needs: pinned rooms for the batches' bytes (options.pinned), shared
+        ones for the decode processes (options.cpu_processes)."""
+        if not (self.cfg.options.pinned or self._procs):
+            return None
+        slots = [{"room": None, "staged": None, "shared": Slot(pin=True) if self._procs else None} for _ in range(n)]
+        self._slots += [s["shared"] for s in slots if s["shared"] is not None]
+        return slots
 
-    def _pack(self, batch: EncodedBatch, slot: dict) -> EncodedBatch:
-        """Reader thread: the batch's bytes in the slot's pinned room, once the decode that read the
-        slot's previous batch has run (the core reuses a slot only after that batch was finished)."""
-        staged, slot["staged"] = slot["staged"], None
+    @staticmethod
+    def _reuse(slot: dict | None) -> None:
+        """Reader thread: wait until the batch that last used the slot has been decoded and cropped
+        (the core reuses a slot only after that batch was finished, but its GPU work may still run)."""
+        staged = slot.pop("staged", None) if slot else None
         if staged is not None and staged.exception() is None:   # (a failed one raised in finish())
             staged.result()[2].synchronize()
+
+    def _pack(self, batch: EncodedBatch, slot: dict) -> EncodedBatch:
+        """Reader thread: the batch's bytes in the slot's pinned room."""
         need = batch.nbytes()
         if slot["room"] is None or slot["room"].numel() < need:
             slot["room"] = torch.empty(need + need // 4, dtype=torch.uint8, pin_memory=True)
@@ -126,21 +139,27 @@ class NvjpegBackend(BaseBackend):
         else:
             scans = [jpeg_scan(e) for e in batch.arrays()]
             sizes, turns = self._baseline_sizes(scans), exif_turns(scans)
-        batch, sizes, cpu = self._split(batch, idx, sizes, turns)
+        self._reuse(slot)
+        batch, sizes, cpu = self._split(batch, idx, sizes, turns, slot)
         if self.cfg.options.pinned:
             batch = self._pack(batch, slot)
         return batch, labels, flips, rng, idx, sizes, turns, cpu
 
-    def _split(self, batch: EncodedBatch, idx, sizes, turns):
+    def _split(self, batch: EncodedBatch, idx, sizes, turns, slot=None):
         """Reader thread: (the GPU's part, its sizes, the CPU's part decoded or None): the last
-        options.cpu_share of a batch whose sizes are known and whose images are upright."""
+        options.cpu_share of a batch whose sizes are known and whose images are upright, decoded by
+        the decode processes into the slot where there are some, else here."""
         k = cpu_count(self._share, len(batch)) if sizes is not None and turns is None else 0
         if k == 0:
             return batch, sizes, None
         m = len(batch) - k
         h, w = sizes
-        pixels, planar = decode_cpu(batch.take(m, len(batch)).arrays(), h[m:], w[m:],
-                                    lambda j: self.encoded.name(int(idx[m + j])), pin=True)
+        name_of = lambda j: self.encoded.name(int(idx[m + j]))  # noqa: E731
+        if self._procs is not None:
+            flat = self._procs.decode(slot["shared"], batch.take(m, len(batch)), h[m:], w[m:], name_of)
+            pixels, planar = torch.from_numpy(flat), True
+        else:
+            pixels, planar = decode_cpu(batch.take(m, len(batch)).arrays(), h[m:], w[m:], name_of, pin=True)
         self._count("cpu", k)
         return batch.take(0, m), (h[:m], w[:m]), (pixels, h[m:], w[m:], planar)
 
@@ -225,7 +244,7 @@ class NvjpegBackend(BaseBackend):
 
     def stage(self, slot, out, _n):
         staged = self._gpu.submit(self._prepare, out)
-        if self.cfg.options.pinned:
+        if slot:
             slot["staged"] = staged
         return staged
 
@@ -240,6 +259,12 @@ class NvjpegBackend(BaseBackend):
     def close(self) -> None:
         self._gpu.shutdown(wait=True)
         for lane in self._lanes:
+            lane["stream"].synchronize()    # its uploads out of the slots have run
             if lane["hw"] is not None:
                 lane["hw"].close()
         self._lanes = []
+        if self._procs is not None:
+            self._procs.close()
+        for slot in self._slots:
+            slot.close()
+        self._slots = []

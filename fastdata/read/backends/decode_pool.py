@@ -1,0 +1,171 @@
+"""The CPU's share of an nvjpeg batch decoded in worker processes (NvjpegOptions.cpu_processes).
+
+Why processes: decoded in the reader threads (cpu_share.py) the share lost on an H100 (21-32% of
+synthetic beside resnet18 against 82% without it): a thread held the GIL for ~2.3 ms an image of
+Python and copies, and the training thread's launches slowed from 14 to 55-68 ms a step. Here the
+reader thread only packs the share's JPEG bytes into a slot and waits (GIL released) while worker
+processes decode them into the same slot, each image planar (CHW, nvJPEG's layout); the GPU thread
+uploads the slot's pixels in one copy, a DMA where the slot is page-locked (registered with CUDA).
+
+    slot (a file in /dev/shm, mapped by the loader and by every worker):
+    | JPEG bytes of the share, back to back | to 4 KiB | planar RGB image 0 | image 1 | ... |
+
+Workers are forked when the backend is made, before the loader's threads start, as torch's
+DataLoader forks its workers: spawn and forkserver re-import the training script, which runs the
+training again where it lacks `if __name__ == "__main__"`. A worker touches neither CUDA nor torch;
+it decodes with PIL (libjpeg-turbo) and says which image failed and why, for the loader to name.
+"""
+from __future__ import annotations
+
+import io
+import mmap
+import multiprocessing
+import os
+import signal
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+import numpy as np
+from PIL import Image
+
+from ...errors import LoaderError
+from ..spans import EncodedBatch
+
+MIN_TASK = 16          # images per worker task at least: each task costs the loader's process a pickle
+_ALIGN = 4096
+_MAPS: dict[str, tuple[int, mmap.mmap]] = {}    # worker: the slots it has mapped, by path
+_MAX_MAPS = 64
+
+
+def _shm_dir() -> str | None:
+    """tmpfs when there is one (the pages are RAM either way; a disk folder would write them out)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+class Slot:
+    """A file in tmpfs mapped here, page-locked for CUDA where pin; grown (as a new file) on demand."""
+
+    def __init__(self, pin: bool = False) -> None:
+        self.pin, self.path, self.size, self.array, self._map, self._pinned = pin, None, 0, None, None, False
+
+    def ensure(self, nbytes: int) -> np.ndarray:
+        """The slot's bytes, at least nbytes of them (a quarter more when it must grow)."""
+        if nbytes > self.size:
+            self.close()
+            size = -(-(nbytes + nbytes // 4) // _ALIGN) * _ALIGN
+            fd, path = tempfile.mkstemp(prefix="fastdata-decode-", dir=_shm_dir())
+            try:
+                os.ftruncate(fd, size)
+                self._map = mmap.mmap(fd, size)
+            except OSError as e:
+                os.close(fd)
+                os.unlink(path)
+                raise LoaderError(f"{path}: cannot make a {size >> 20} MB decode slot ({e.strerror}); free room "
+                                  f"in /dev/shm, or set cpu_processes=0") from None
+            os.close(fd)
+            self.path, self.size = path, size
+            self.array = np.frombuffer(self._map, dtype=np.uint8)
+            self._pinned = self.pin and _register(self.array)
+        return self.array
+
+    def close(self) -> None:
+        if self.path is None:
+            return
+        if self._pinned:
+            _unregister(self.array)
+        self.array, m, path, self.path, self.size, self._pinned = None, self._map, self.path, None, 0, False
+        try:
+            m.close()
+        except BufferError:     # a tensor still views it: the mapping goes when that tensor does
+            pass
+        os.unlink(path)
+
+
+def _register(array: np.ndarray) -> bool:
+    """Page-lock the slot for CUDA, so its upload is a DMA that does not block the GPU thread."""
+    import torch
+
+    return torch.cuda.cudart().cudaHostRegister(array.ctypes.data, array.nbytes, 0) == 0
+
+
+def _unregister(array: np.ndarray) -> None:
+    import torch
+
+    torch.cuda.cudart().cudaHostUnregister(array.ctypes.data)
+
+
+def _worker_init() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the loader's to handle, not 16 tracebacks
+
+
+def _ready(_k: int = 0) -> int:
+    return os.getpid()
+
+
+def _slot_bytes(path: str, size: int) -> np.ndarray:
+    """Worker: the slot's bytes, mapped once per slot file."""
+    got = _MAPS.get(path)
+    if got is None or got[0] != size:
+        while len(_MAPS) >= _MAX_MAPS:
+            _MAPS.pop(next(iter(_MAPS)))[1].close()
+        with open(path, "r+b") as f:
+            got = _MAPS[path] = (size, mmap.mmap(f.fileno(), size))
+    return np.frombuffer(got[1], dtype=np.uint8)
+
+
+def decode_task(path: str, size: int, table: bytes) -> tuple[int, str] | None:
+    """Worker: decode each image of table (int64 rows of start, length, out offset, height, width)
+    from the slot's bytes into its planar place in the slot. None, or (row, why) for the first image
+    that failed (the loader names it)."""
+    buf = _slot_bytes(path, size)
+    rows = np.frombuffer(table, dtype=np.int64).reshape(-1, 5).tolist()
+    for j, (a, n, o, h, w) in enumerate(rows):
+        try:
+            with Image.open(io.BytesIO(buf[a:a + n]), formats=["JPEG"]) as im:
+                img = im if im.mode == "RGB" else im.convert("RGB")
+                if img.size != (w, h):
+                    return j, f"decoded {img.size[0]}x{img.size[1]}, header says {w}x{h}"
+                buf[o:o + 3 * h * w].reshape(3, h, w)[...] = np.asarray(img).transpose(2, 0, 1)
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+            return j, str(e) or type(e).__name__
+    return None
+
+
+class DecodePool:
+    """`processes` forked decoders; decode() runs in any reader thread."""
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"),
+                                         initializer=_worker_init)
+        list(self._pool.map(_ready, range(processes)))  # every worker forked now, before the loader's threads
+
+    def decode(self, slot: Slot, batch: EncodedBatch, heights: np.ndarray, widths: np.ndarray,
+               name_of) -> np.ndarray:
+        """Reader thread: the batch decoded into the slot as planar RGB images back to back (1-D uint8,
+        a view of the slot, valid until the slot's next decode). name_of(j) names image j in an error."""
+        lens = batch.ends - batch.starts
+        n_in = -(-int(lens.sum()) // _ALIGN) * _ALIGN
+        sizes = heights * widths * 3
+        buf = slot.ensure(n_in + int(sizes.sum()))
+        packed = batch.packed(buf[:n_in])
+        outs = n_in + np.cumsum(sizes) - sizes
+        table = np.stack([packed.starts, lens, outs, heights, widths], axis=1).astype(np.int64)
+        tasks = max(1, min(self.processes, len(batch) // MIN_TASK))
+        bounds = np.linspace(0, len(batch), tasks + 1).astype(int).tolist()
+        try:
+            futs = [self._pool.submit(decode_task, slot.path, slot.size, table[lo:hi].tobytes())
+                    for lo, hi in zip(bounds[:-1], bounds[1:])]
+            failed = [(lo, f.result()) for lo, f in zip(bounds, futs)]
+        except BrokenProcessPool:
+            raise LoaderError(f"a decode process of the loader died (killed, or out of memory: "
+                              f"{slot.path} holds each batch's share); lower cpu_processes, or set it to 0") from None
+        for lo, bad in failed:
+            if bad is not None:
+                raise LoaderError(f"{name_of(lo + bad[0])}: {bad[1]}; fix or remove the file, or run "
+                                  f"`fastdata build-cache` to quarantine bad files first")
+        return buf[n_in:n_in + int(sizes.sum())]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

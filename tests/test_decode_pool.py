@@ -1,0 +1,155 @@
+"""NvjpegOptions.cpu_processes: the CPU share decoded in forked processes into shared slots
+(read/backends/decode_pool.py), without a GPU."""
+from __future__ import annotations
+
+import glob
+import io
+import os
+import signal
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fastdata.errors import LoaderError
+from fastdata.read.backends.decode_pool import MIN_TASK, DecodePool, Slot
+from fastdata.read.config import split_options
+from fastdata.read.spans import EncodedBatch
+
+
+def _jpeg(w: int, h: int, seed: int, mode: str = "RGB") -> np.ndarray:
+    px = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(px).convert(mode).save(buf, format="JPEG", quality=90)
+    return np.frombuffer(buf.getvalue(), np.uint8)
+
+
+def _planar(data) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(bytes(data))).convert("RGB")).transpose(2, 0, 1).reshape(-1)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = DecodePool(2)
+    yield p
+    p.close()
+
+
+def _batch(jpegs):
+    """The images as spans of one shard-like buffer, as a JPEG cache's batch is."""
+    buf = np.concatenate(jpegs)
+    ends = np.cumsum([j.nbytes for j in jpegs])
+    return EncodedBatch((buf,), np.zeros(len(jpegs), np.int64), ends - [j.nbytes for j in jpegs], ends,
+                        np.arange(len(jpegs), dtype=np.int64))
+
+
+def test_the_share_is_decoded_planar_back_to_back_across_processes(pool):
+    sizes = [(30, 40), (9, 17), (12, 12), (33, 8)] * (MIN_TASK // 2)    # enough for both processes
+    jpegs = [_jpeg(w, h, k) for k, (h, w) in enumerate(sizes)]
+    h, w = np.array([s[0] for s in sizes]), np.array([s[1] for s in sizes])
+    slot = Slot()
+    try:
+        flat = pool.decode(slot, _batch(jpegs), h, w, str)
+        assert np.array_equal(flat, np.concatenate([_planar(j) for j in jpegs]))
+        assert slot.path.startswith("/dev/shm/") or not os.path.isdir("/dev/shm")
+    finally:
+        slot.close()
+
+
+def test_a_grey_jpeg_is_decoded_as_rgb_as_the_gpu_decoder_does(pool):
+    jpegs = [_jpeg(20, 10, 0, "L"), _jpeg(20, 10, 1)]
+    slot = Slot()
+    try:
+        flat = pool.decode(slot, _batch(jpegs), np.array([10, 10]), np.array([20, 20]), str)
+        assert np.array_equal(flat, np.concatenate([_planar(j) for j in jpegs]))
+    finally:
+        slot.close()
+
+
+def test_a_bad_image_is_named_by_the_loader_and_the_header_is_checked(pool):
+    good, bad = _jpeg(20, 10, 0), _jpeg(20, 10, 1)[:60]
+    jpegs = [good] * (2 * MIN_TASK) + [bad]     # the bad one in the second process's task
+    h, w = np.full(len(jpegs), 10), np.full(len(jpegs), 20)
+    slot = Slot()
+    try:
+        with pytest.raises(LoaderError, match=rf"img{len(jpegs) - 1}: .*build-cache"):
+            pool.decode(slot, _batch(jpegs), h, w, lambda j: f"img{j}")
+        with pytest.raises(LoaderError, match=r"img1: decoded 20x10, header says 21x10"):
+            pool.decode(slot, _batch([good, good]), h[:2], np.array([20, 21]), lambda j: f"img{j}")
+        assert np.array_equal(pool.decode(slot, _batch([good]), h[:1], w[:1], str), _planar(good))  # still serves
+    finally:
+        slot.close()
+
+
+def test_a_slot_grows_into_a_new_file_and_close_removes_what_it_made(pool):
+    slot = Slot()
+    small = [_jpeg(8, 8, 0)]
+    pool.decode(slot, _batch(small), np.array([8]), np.array([8]), str)
+    first = slot.path
+    big = [_jpeg(300, 200, k) for k in range(3)]
+    flat = pool.decode(slot, _batch(big), np.full(3, 200), np.full(3, 300), str)
+    assert np.array_equal(flat, np.concatenate([_planar(j) for j in big]))
+    assert slot.path != first and not os.path.exists(first)
+    del flat
+    last = slot.path
+    slot.close()
+    assert not os.path.exists(last)
+    slot.close()                    # twice is harmless
+
+
+def test_a_killed_decode_process_is_a_loader_error_naming_the_option():
+    p = DecodePool(1)
+    slot = Slot()
+    try:
+        pid = next(iter(p._pool._processes))
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(LoaderError, match="decode process .* died.*cpu_processes"):
+            for _ in range(50):     # the executor may take a call or two to notice
+                p.decode(slot, _batch([_jpeg(8, 8, 0)]), np.array([8]), np.array([8]), str)
+    finally:
+        p.close()
+        slot.close()
+
+
+def test_cpu_processes_is_a_checked_option_that_needs_a_share():
+    assert split_options("nvjpeg", {}).cpu_processes == 0
+    split_options("nvjpeg", {"cpu_share": 0.5, "cpu_processes": 4}).check()
+    for bad in (-1, 1.5, "4", True):
+        with pytest.raises(LoaderError, match="cpu_processes"):
+            split_options("nvjpeg", {"cpu_share": 0.5, "cpu_processes": bad}).check()
+    with pytest.raises(LoaderError, match="without cpu_share"):
+        split_options("nvjpeg", {"cpu_processes": 4}).check()
+
+
+def test_the_backend_hands_the_share_to_the_processes(jpeg_cache, pool):
+    """NvjpegBackend._split with decode processes: the CPU's images come back planar, from the slot."""
+    from fastdata.read.backends.nvjpeg import NvjpegBackend
+    from fastdata.read.encoded import EncodedSource
+
+    src = EncodedSource(jpeg_cache)
+    counted = {}
+    me = SimpleNamespace(_share=0.5, encoded=src, _procs=pool, _count=lambda which, n: counted.__setitem__(which, n))
+    idx = np.array([3, 0, 5, 1, 7, 2])
+    batch = src.get_spans(idx)
+    sizes = batch.baseline_sizes()
+    slot = {"shared": Slot()}
+    try:
+        gpu, _, (pixels, h, w, planar) = NvjpegBackend._split(me, batch, idx, sizes, None, slot)
+        assert planar is True and len(gpu) == 3 and counted == {"cpu": 3}
+        assert isinstance(pixels, torch.Tensor) and pixels.dtype == torch.uint8
+        assert np.array_equal(pixels.numpy(), np.concatenate([_planar(a) for a in batch.arrays()[3:]]))
+        assert h.tolist() == sizes[0][3:].tolist() and w.tolist() == sizes[1][3:].tolist()
+    finally:
+        del pixels
+        slot["shared"].close()
+
+
+def test_no_slot_file_outlives_the_test_session_pool(pool):
+    mine = set(glob.glob("/dev/shm/fastdata-decode-*"))
+    slot = Slot()
+    pool.decode(slot, _batch([_jpeg(8, 8, 0)]), np.array([8]), np.array([8]), str)
+    assert slot.path in set(glob.glob("/dev/shm/fastdata-decode-*")) | {slot.path}
+    slot.close()
+    assert set(glob.glob("/dev/shm/fastdata-decode-*")) <= mine
