@@ -134,6 +134,30 @@ def test_a_cache_batch_as_spans_is_the_batch_as_arrays(jpeg_cache):
     assert odd.baseline_sizes() is None and len(odd) == 3
 
 
+def test_a_caches_sizes_are_walked_once_a_shard_and_match_the_walk_per_batch(jpeg_cache, monkeypatch):
+    """get_spans(sizes=True): sizes from one header walk of each shard (walked per batch, the headers
+    cost the reader threads the GIL a fast model's launches needed), equal to the batch's own walk;
+    a batch slice and a packed batch keep them."""
+    from fastdata.read import encoded
+    from fastdata.read.encoded import EncodedSource
+
+    walks = []
+    real = encoded.baseline_sizes
+    monkeypatch.setattr(encoded, "baseline_sizes", lambda *a, **kw: walks.append(len(a[1])) or real(*a, **kw))
+    src = EncodedSource(jpeg_cache)
+    idx = np.array([len(src) - 1, 0, 5, 3, 1])
+    for _ in range(3):
+        batch = src.get_spans(idx, sizes=True)
+    assert sorted(walks) == sorted(src.shard_counts[s] for s in {src.cache.locate(int(i))[0] for i in idx})
+    known = batch.baseline_sizes()
+    walked = src.get_spans(idx).baseline_sizes()
+    assert src.get_spans(idx).sizes is None
+    assert [x.tolist() for x in known] == [x.tolist() for x in walked]
+    assert [x.tolist() for x in batch.take(1, 4).baseline_sizes()] == [x[1:4].tolist() for x in walked]
+    packed = batch.packed(np.empty(batch.nbytes(), np.uint8))
+    assert [x.tolist() for x in packed.baseline_sizes()] == [x.tolist() for x in walked]
+
+
 def test_a_batch_packed_into_one_room_keeps_every_sample_and_label(jpeg_cache):
     """packed(): the spans of several shards copied back to back into one buffer (the pinned slot the
     nvjpeg backend hands to nvJPEG): same bytes, labels and sizes, pointers inside the room."""
@@ -152,8 +176,8 @@ def test_a_batch_packed_into_one_room_keeps_every_sample_and_label(jpeg_cache):
 
 
 def test_a_pinned_slot_is_refilled_only_after_its_last_decode_and_grows_to_fit(jpeg_cache, monkeypatch):
-    """NvjpegBackend._pack: waits for the event of the batch decoded from the slot before, skips a
-    failed one (finish() raised it), and gives the slot a larger room when a batch needs more."""
+    """NvjpegBackend._reuse waits for the event of the batch decoded from the slot before and skips a
+    failed one (finish() raised it); _pack gives the slot a larger room when a batch needs more."""
     from concurrent.futures import Future
     from types import SimpleNamespace
 
@@ -173,9 +197,11 @@ def test_a_pinned_slot_is_refilled_only_after_its_last_decode_and_grows_to_fit(j
     small = NvjpegBackend._pack(None, src.get_spans(np.arange(2)), slot)
     first = slot["room"]
     slot["staged"] = done
+    NvjpegBackend._reuse(slot)
     big = NvjpegBackend._pack(None, src.get_spans(np.arange(8)), slot)
-    assert waited == [1] and slot["staged"] is None and slot["room"] is not first
+    assert waited == [1] and slot.get("staged") is None and slot["room"] is not first
     assert slot["room"].numel() >= big.nbytes() > small.nbytes()
     slot["staged"] = failed
+    NvjpegBackend._reuse(slot)
     again = NvjpegBackend._pack(None, src.get_spans(np.arange(3)), slot)
     assert waited == [1] and again.buffers[0].ctypes.data == slot["room"].data_ptr()

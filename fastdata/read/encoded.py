@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
 
+from ..cache.jpeg_header import baseline_sizes
 from ..cache.sources import Source, discover, read_item
 from .reader import open_cache
 from .select import is_cache
@@ -50,6 +52,8 @@ class EncodedSource:
             self.shard_counts = [s.count for s in self.cache.manifest.shards]
             self.label_map = self.cache.manifest.label_map
             self.window = 16384
+            self._sizes: dict[int, np.ndarray] = {}     # shard -> its JPEGs' baseline sizes (shard_sizes)
+            self._sizes_lock = threading.Lock()
         else:
             src = src or discover(path, allow_empty_classes=allow_empty_classes)
             self.layout = src.layout
@@ -97,11 +101,12 @@ class EncodedSource:
         batch = self.get_spans(idx)
         return batch.arrays(), batch.labels
 
-    def get_spans(self, idx) -> EncodedBatch:
+    def get_spans(self, idx, sizes: bool = False) -> EncodedBatch:
         """A batch as spans of its shards' buffers (spans.py): from a cache, one lookup per shard the
         batch touches and numpy arithmetic, where get() costs a Python call chain per sample and an
         array per sample; reader threads hold the GIL for those, which a launch-bound training thread
-        pays (resnet18 fed from a JPEG cache on the H200 and the H100)."""
+        pays (resnet18 fed from a JPEG cache on the H200 and the H100). sizes: fill the batch's
+        baseline JPEG sizes from shard_sizes (a cache's; files get theirs from a header walk)."""
         idx = np.asarray(idx, dtype=np.int64)
         if self.cache is None:
             encoded, labels = zip(*(self.get(i) for i in idx)) if len(idx) else ((), ())
@@ -112,6 +117,7 @@ class EncodedSource:
             raise IndexError(f"{self.path}: sample index out of range for a cache of {len(cache)} samples")
         which, starts, ends = (np.empty(len(idx), dtype=np.int64) for _ in range(3))
         labels = np.empty(len(idx), dtype=np.int64)
+        hw = np.empty((len(idx), 2), dtype=np.int64) if sizes else None
         shard_of = np.searchsorted(cache.starts, idx, side="right") - 1
         buffers = []
         for s in np.unique(shard_of).tolist():
@@ -121,7 +127,25 @@ class EncodedSource:
             labels[pos] = shard.labels[local]
             which[pos], starts[pos], ends[pos] = len(buffers), shard.offsets[local], shard.offsets[local + 1]
             buffers.append(shard.data.numpy())
-        return EncodedBatch(tuple(buffers), which, starts, ends, labels)
+            if sizes:
+                hw[pos] = self.shard_sizes(s)[local]
+        return EncodedBatch(tuple(buffers), which, starts, ends, labels, hw if sizes else None)
+
+    def shard_sizes(self, s: int) -> np.ndarray:
+        """(n, 2) int64 (height, width) of shard s's baseline colour JPEGs, -1 for any other: one numpy
+        walk of the whole shard's headers on first use, then a lookup. Walked per batch instead, the
+        headers cost the reader threads ~15 ms of GIL a batch beside resnet18 on an H100 (py-spy), which
+        the launching thread waited for: every nvjpeg variant that needs sizes (the NVJPG engines, a
+        CPU share) fed it at 27-50% of synthetic against 80% without (share-probe-...-2026-12-07)."""
+        got = self._sizes.get(s)
+        if got is None:
+            with self._sizes_lock:
+                got = self._sizes.get(s)
+                if got is None:
+                    shard = self.cache.shard(s)
+                    offsets = np.asarray(shard.offsets, dtype=np.int64)
+                    got = self._sizes[s] = baseline_sizes(shard.data.numpy(), offsets[:-1], offsets[1:])
+        return got
 
     def name(self, i: int) -> str:
         """Where sample i comes from, for error messages."""

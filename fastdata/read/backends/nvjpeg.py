@@ -131,7 +131,7 @@ class NvjpegBackend(BaseBackend):
 
     def read(self, key, idx: np.ndarray, slot):
         rng = batch_rng(self.cfg.seed, key, self.cfg.batch_size)
-        batch = self.encoded.get_spans(idx)
+        batch = self.encoded.get_spans(idx, sizes=self._engines or bool(self._share))
         labels = torch.from_numpy(batch.labels)
         flips = torch.from_numpy(draw_flips(len(idx), self.cfg.augment, rng))
         if self.encoded.kind == "cache-jpeg":       # a cache is built upright: sizes only, by numpy
