@@ -159,11 +159,13 @@ def child(jpeg_cache: str, bs: int, rate: float) -> None:
 
 def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
     """(name, make, images_of) rows for host_probe.main; fd(**kw) makes a fastdata.loader."""
-    def jpeg(**kw):
-        return fd(cache=jpeg_cache, backend="nvjpeg", **kw)
+    def jpeg(**kw):     # the GPU decodes every image unless a row gives a CPU share
+        return fd(cache=jpeg_cache, backend="nvjpeg", **{"cpu_share": 0.0, **kw})
 
     return [
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
+        ("jpeg nvjpeg loader, default options (cpu share and processes picked from the CPUs)",
+         lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg")), None),
         ("jpeg nvjpeg loader, NVJPG engines (hardware=True)", lambda: Tweaked(jpeg(hardware=True)), None),
         ("jpeg nvjpeg loader, torchvision decode_jpeg (hardware=False)", lambda: Tweaked(jpeg(hardware=False)), None),
         ("jpeg nvjpeg loader, engines, pinned bytes (pinned=True)",

@@ -114,13 +114,37 @@ def test_a_killed_decode_process_is_a_loader_error_naming_the_option():
 
 
 def test_cpu_processes_is_a_checked_option_that_needs_a_share():
-    assert split_options("nvjpeg", {}).cpu_processes == 0
-    split_options("nvjpeg", {"cpu_share": 0.5, "cpu_processes": 4}).check()
+    assert split_options("nvjpeg", {}).cpu_processes is None
+    for ok in ({"cpu_share": 0.5, "cpu_processes": 4}, {"cpu_processes": 4}, {"cpu_share": 0.3}, {}):
+        split_options("nvjpeg", ok).check()
     for bad in (-1, 1.5, "4", True):
         with pytest.raises(LoaderError, match="cpu_processes"):
             split_options("nvjpeg", {"cpu_share": 0.5, "cpu_processes": bad}).check()
-    with pytest.raises(LoaderError, match="without cpu_share"):
-        split_options("nvjpeg", {"cpu_processes": 4}).check()
+    with pytest.raises(LoaderError, match="cpu_share=0: the processes would decode nothing"):
+        split_options("nvjpeg", {"cpu_share": 0.0, "cpu_processes": 4}).check()
+
+
+@pytest.mark.parametrize("cpus,local,share,procs,want", [
+    (16, None, None, None, (1.0, 12)),       # the measured H100 host: every image on the CPU
+    (128, "8", None, None, (1.0, 12)),       # 8 ranks of torchrun share the host's 128 CPUs
+    (8, None, None, None, (1 / 3, 4)),       # fewer processes take a smaller share
+    (5, None, None, None, (0.0, 0)),         # one process would not pay: the GPU decodes
+    (2, None, 0.5, None, (0.5, 0)),          # a share asked for on a small host: the reader threads
+    (16, None, 0.0, None, (0.0, 0)),         # off
+    (16, None, None, 0, (0.0, 0)),           # no processes and no share given: off
+    (16, None, 0.4, 3, (0.4, 3)),            # both given: as given
+    (16, "x", None, None, (1.0, 12)),        # a LOCAL_WORLD_SIZE that is not a number: taken as 1
+])
+def test_the_share_and_the_processes_are_picked_from_this_ranks_cpus(monkeypatch, cpus, local, share, procs, want):
+    from fastdata.read.backends import decode_pool
+
+    monkeypatch.setattr(decode_pool, "usable_cpus", lambda: cpus)
+    if local is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+    got = decode_pool.resolve_share(share, procs)
+    assert got[1] == want[1] and got[0] == pytest.approx(want[0])
 
 
 def test_the_backend_hands_the_share_to_the_processes(jpeg_cache, pool):

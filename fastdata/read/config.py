@@ -79,27 +79,31 @@ class NvjpegOptions:
     # one host-synchronous pageable copy per image (benchmarks/hw_output.py counted it). Opt-in: feeding
     # resnet18 on an H100 it gained nothing (79.7% of synthetic against 81.6%; README, Compact caches)
     pinned: bool = False
-    # share of each batch decoded on the CPU in the reader threads instead (read/backends/cpu_share.py), for a
-    # GPU whose decoder falls behind a fast model while the CPUs idle; batches whose sizes the header
-    # parse cannot give, or with turned (EXIF) images, stay whole on the GPU. 1.0 decodes every image
-    # on the CPU and crops on the GPU. Off: feeding resnet18 on an H100 every share lost (21-32% of synthetic
-    # against 82%): the decoding threads took the GIL and memory bandwidth from the step's launches
-    cpu_share: float = 0.0
-    # processes decoding that share (read/backends/decode_pool.py: forked when the loader is made, writing
-    # into shared page-locked slots), so the decoding holds no GIL of the training's process; 0: the
-    # reader threads decode it, which is what lost above
-    cpu_processes: int = 0
+    # share of each batch decoded on the CPU instead (read/backends/cpu_share.py; decode_pool.py): for a
+    # GPU whose decoder, run beside a fast model, slows it while the CPUs idle. Batches whose sizes the
+    # header walk cannot give, or with turned (EXIF) images, stay whole on the GPU; 1.0 decodes every
+    # image on the CPU and crops on the GPU. None: decode_pool.resolve_share picks it from the decode
+    # processes there are (1.0 from 12 of them: on an H100 host share 1.0 in 12 processes fed resnet18 at
+    # 95% of synthetic and resnet50 at 99.6%, against 79% and 93% for the GPU decoder alone)
+    cpu_share: float | None = None
+    # processes decoding that share (decode_pool.py: forked when the loader is made, writing into shared
+    # page-locked slots), so that decoding takes no GIL from the training's process. None: the usable
+    # CPUs of this rank (its share of the host's under torchrun) less 4 for the training's own threads;
+    # 0: the reader threads decode the share (it lost: 21-32% of synthetic beside resnet18)
+    cpu_processes: int | None = None
 
     def check(self) -> None:
         check_mode(self.integrity)
-        if not isinstance(self.cpu_processes, int) or isinstance(self.cpu_processes, bool) or self.cpu_processes < 0:
-            raise LoaderError(f"NvjpegOptions(cpu_processes={self.cpu_processes!r}): give a whole number of decode "
-                              f"processes, or 0 to decode the CPU share in the reader threads")
-        if self.cpu_processes and not self.cpu_share:
-            raise LoaderError(f"NvjpegOptions(cpu_processes={self.cpu_processes}) without cpu_share: the processes "
-                              f"would decode nothing; give cpu_share (e.g. 0.5) too")
-        if isinstance(self.cpu_share, bool) or not isinstance(self.cpu_share, (int, float)) \
-                or not 0.0 <= self.cpu_share <= 1.0:
+        procs = self.cpu_processes
+        if procs is not None and (not isinstance(procs, int) or isinstance(procs, bool) or procs < 0):
+            raise LoaderError(f"NvjpegOptions(cpu_processes={procs!r}): give a whole number of decode processes, 0 "
+                              f"to decode the CPU share in the reader threads, or None to size it to the CPUs")
+        if procs and self.cpu_share == 0:
+            raise LoaderError(f"NvjpegOptions(cpu_processes={procs}) with cpu_share=0: the processes would decode "
+                              f"nothing; give cpu_share (e.g. 0.5), or leave it None to pick one")
+        share = self.cpu_share
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                                  or not 0.0 <= share <= 1.0):
             raise LoaderError(f"NvjpegOptions(cpu_share={self.cpu_share!r}): give the share of each batch to "
                               f"decode on the CPU, from 0.0 to 1.0")
         if not isinstance(self.lanes, int) or isinstance(self.lanes, bool) or self.lanes < 1:
@@ -170,7 +174,7 @@ class LoaderConfig:
         if self.prefetch is not None:
             return self.prefetch
         ahead = BACKEND_DEFAULTS[self.backend][1]
-        if getattr(self.options, "cpu_share", 0):
+        if getattr(self.options, "cpu_share", 0) != 0:     # (None: picked by the backend, mostly on)
             ahead = max(ahead, self.reader_threads)
         return ahead
 

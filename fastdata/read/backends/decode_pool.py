@@ -29,10 +29,14 @@ from concurrent.futures.process import BrokenProcessPool
 import numpy as np
 from PIL import Image
 
+from ..._util import usable_cpus
 from ...errors import LoaderError
 from ..spans import EncodedBatch
 
 MIN_TASK = 16          # images per worker task at least: each task costs the loader's process a pickle
+RESERVED_CPUS = 4      # left to the training thread, the GPU thread, the readers and the pool's own threads
+FULL_SHARE = 12        # decode processes that took every image (share 1.0) beside resnet18 on an H100 host:
+                       # ~1.5k img/s each (share-probe-resnet18-H100-80GB-HBM3-2026-12-07.md: 12 gave 18.5k)
 _ALIGN = 4096
 _MAPS: dict[str, tuple[int, mmap.mmap]] = {}    # worker: the slots it has mapped, by path
 _MAX_MAPS = 64
@@ -130,6 +134,23 @@ def decode_task(path: str, size: int, table: bytes) -> tuple[int, str] | None:
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
             return j, str(e) or type(e).__name__
     return None
+
+
+def resolve_share(share: float | None, processes: int | None) -> tuple[float, int]:
+    """(share, processes) the nvjpeg backend runs with, None picked: processes from the CPUs this rank
+    may use (torchrun's LOCAL_WORLD_SIZE ranks share the host's) less RESERVED_CPUS, none below 2; the
+    share from them, each taking 1/FULL_SHARE of a fast model's batches. A share given with no
+    processes is decoded by the reader threads, as asked."""
+    if processes is None:
+        try:
+            local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+        except ValueError:
+            local = 1
+        processes = max(0, usable_cpus() // local - RESERVED_CPUS)
+        processes = processes if processes >= 2 else 0
+    if share is None:
+        share = min(1.0, processes / FULL_SHARE) if processes else 0.0
+    return float(share), (processes if share else 0)
 
 
 class DecodePool:

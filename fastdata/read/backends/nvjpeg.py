@@ -24,6 +24,7 @@ gpu_resize.py would not box-filter either; otherwise that packed path runs.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -42,10 +43,12 @@ from ...cache.hw_decode import HardwareDecodeError, Planes, open_hardware_decode
 from ..spans import EncodedBatch
 from . import BaseBackend
 from .cpu_share import cpu_count, decode_cpu, upload_planar
-from .decode_pool import DecodePool, Slot
+from .decode_pool import DecodePool, Slot, resolve_share
 from .decode import batch_rng, draw_flips, source_attrs
 from .gpu_resize import crop_resize, pack, pack_spans
 
+
+log = logging.getLogger("fastdata.read")
 
 # CUDA priority of the lanes' streams (lower is higher; 0 is the training stream's). Measured in
 # benchmarks/host_probe.py --jpeg ("priority" rows)
@@ -81,10 +84,12 @@ class NvjpegBackend(BaseBackend):
         self._triton = resolve_kernel(cfg.augment, device) == "triton"
         self.hardware = "nvJPEG hardware backend" if cfg.options.hardware else "off (options.hardware=False)"
         self.decoded = {"hardware": 0, "torchvision": 0, "cpu": 0}
-        self._share = cfg.options.cpu_share
+        self._share, procs = resolve_share(cfg.options.cpu_share, cfg.options.cpu_processes)
         self._slots: list[Slot] = []
         # forked here, before the lanes' and readers' threads start (decode_pool.py says why)
-        self._procs = DecodePool(cfg.options.cpu_processes) if self._share and cfg.options.cpu_processes else None
+        self._procs = DecodePool(procs) if self._share and procs else None
+        log.info("nvjpeg: %.0f%% of each batch decoded on the CPU%s", 100 * self._share,
+                 f" in {procs} processes" if self._procs else " in the reader threads" if self._share else "")
         self._spare = [self._new_lane()]    # the first lane now: a GPU without engines says so at once
         self._engines = self._spare[0]["hw"] is not None
 
