@@ -159,8 +159,8 @@ def child(jpeg_cache: str, bs: int, rate: float) -> None:
 
 def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
     """(name, make, images_of) rows for host_probe.main; fd(**kw) makes a fastdata.loader."""
-    def jpeg(**kw):     # the GPU decodes every image unless a row gives a CPU share
-        return fd(cache=jpeg_cache, backend="nvjpeg", **{"cpu_share": 0.0, **kw})
+    def jpeg(**kw):     # the GPU decodes every image unless a row gives a CPU share (in threads unless processes)
+        return fd(cache=jpeg_cache, backend="nvjpeg", **{"cpu_share": 0.0, "cpu_processes": 0, **kw})
 
     return [
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
