@@ -28,7 +28,7 @@ def _jpeg(w: int, h: int, seed: int) -> np.ndarray:
 
 
 def test_cpu_share_is_a_checked_option_of_the_nvjpeg_backend():
-    assert split_options("nvjpeg", {}).cpu_share is None          # picked from the decode processes
+    assert split_options("nvjpeg", {}).cpu_share == 0.0           # opt-in (README, Compact caches)
     for bad in (-0.1, 1.5, "half", True, float("nan")):
         with pytest.raises(LoaderError, match="cpu_share"):
             split_options("nvjpeg", {"cpu_share": bad}).check()

@@ -83,13 +83,14 @@ class NvjpegOptions:
     # GPU whose decoder, run beside a fast model, slows it while the CPUs idle. Batches whose sizes the
     # header walk cannot give, or with turned (EXIF) images, stay whole on the GPU; 1.0 decodes every
     # image on the CPU and crops on the GPU. None: decode_pool.resolve_share picks it from the decode
-    # processes there are (1.0 from 12 of them: on an H100 host share 1.0 in 12 processes fed resnet18 at
-    # 95% of synthetic and resnet50 at 99.6%, against 79% and 93% for the GPU decoder alone)
-    cpu_share: float | None = None
+    # processes (1.0 from 12). Opt-in until the full GPU suite passes with it on (README, Compact
+    # caches): on an H100 host share 1.0 in 12 processes fed resnet18 at 95% of synthetic and resnet50
+    # at 99.6%, against 79% and 93% for the GPU decoder alone
+    cpu_share: float | None = 0.0
     # processes decoding that share (decode_pool.py: forked when the loader is made, writing into shared
-    # page-locked slots), so that decoding takes no GIL from the training's process. None: the usable
-    # CPUs of this rank (its share of the host's under torchrun) less 4 for the training's own threads;
-    # 0: the reader threads decode the share (it lost: 21-32% of synthetic beside resnet18)
+    # slots), so that decoding takes no GIL from the training's process. None: the usable CPUs of this
+    # rank (its share of the host's under torchrun) less 4 for the training's own threads; 0: the reader
+    # threads decode the share (it lost: 21-32% of synthetic beside resnet18)
     cpu_processes: int | None = None
 
     def check(self) -> None:

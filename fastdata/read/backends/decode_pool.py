@@ -33,6 +33,10 @@ from ..._util import usable_cpus
 from ...errors import LoaderError
 from ..spans import EncodedBatch
 
+# page-lock each slot for CUDA (cudaHostRegister). Off: the full GPU suite failed with it on (a failed
+# registration's error surfaced in a later copy, and pixels of other batches came out); the upload is
+# then a pageable copy on the GPU thread's stream
+PIN_SLOTS = False
 MIN_TASK = 16          # images per worker task at least: each task costs the loader's process a pickle
 RESERVED_CPUS = 4      # left to the training thread, the GPU thread, the readers and the pool's own threads
 FULL_SHARE = 12        # decode processes that took every image (share 1.0) beside resnet18 on an H100 host:
@@ -70,7 +74,7 @@ class Slot:
             os.close(fd)
             self.path, self.size = path, size
             self.array = np.frombuffer(self._map, dtype=np.uint8)
-            self._pinned = self.pin and _register(self.array)
+            self._pinned = self.pin and PIN_SLOTS and _register(self.array)
         return self.array
 
     def close(self) -> None:
