@@ -115,13 +115,13 @@ def test_a_killed_decode_process_is_a_loader_error_naming_the_option():
 
 def test_cpu_processes_is_a_checked_option_that_needs_a_share():
     assert split_options("nvjpeg", {}).cpu_processes is None
-    for ok in ({"cpu_share": 0.5, "cpu_processes": 4}, {"cpu_processes": 4}, {"cpu_share": 0.3}, {}):
+    for ok in ({"cpu_share": 0.5, "cpu_processes": 4}, {"cpu_share": None, "cpu_processes": 4}, {"cpu_share": 0.3}, {}):
         split_options("nvjpeg", ok).check()
     for bad in (-1, 1.5, "4", True):
         with pytest.raises(LoaderError, match="cpu_processes"):
             split_options("nvjpeg", {"cpu_share": 0.5, "cpu_processes": bad}).check()
     with pytest.raises(LoaderError, match="cpu_share=0: the processes would decode nothing"):
-        split_options("nvjpeg", {"cpu_share": 0.0, "cpu_processes": 4}).check()
+        split_options("nvjpeg", {"cpu_processes": 4}).check()      # (the share is off by default)
 
 
 @pytest.mark.parametrize("cpus,local,share,procs,want", [
