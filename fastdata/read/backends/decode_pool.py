@@ -1,11 +1,12 @@
 """The CPU's share of an nvjpeg batch decoded in worker processes (NvjpegOptions.cpu_processes).
 
-Why processes: decoded in the reader threads (cpu_share.py) the share lost on an H100 (21-32% of
-synthetic beside resnet18 against 82% without it): a thread held the GIL for ~2.3 ms an image of
-Python and copies, and the training thread's launches slowed from 14 to 55-68 ms a step. Here the
-reader thread only packs the share's JPEG bytes into a slot and waits (GIL released) while worker
-processes decode them into the same slot, each image planar (CHW, nvJPEG's layout); the GPU thread
-uploads the slot's pixels in one copy, a DMA where the slot is page-locked (registered with CUDA).
+Why processes: a thread that decodes holds the GIL for its Python parts (PIL's marker parsing and
+copies, ~90 us an image on the CPU box), which a launch-bound training thread waits for; 12 processes
+decoding flat out (18.5k img/s) beside compiled resnet18 on an H100 cost its loop nothing
+(share-probe-resnet18-H100-80GB-HBM3-2026-12-07.md). Here the reader thread only packs the share's JPEG
+bytes into a slot and waits (GIL released) while worker processes decode them into the same slot, each
+image planar (CHW, nvJPEG's layout); the GPU thread uploads the slot's pixels in one copy, a DMA where
+the slot is page-locked (PIN_SLOTS, off for now: README "Compact caches").
 
     slot (a file in /dev/shm, mapped by the loader and by every worker):
     | JPEG bytes of the share, back to back | to 4 KiB | planar RGB image 0 | image 1 | ... |
@@ -23,6 +24,7 @@ import multiprocessing
 import os
 import signal
 import tempfile
+import weakref
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -56,6 +58,7 @@ class Slot:
 
     def __init__(self, pin: bool = False) -> None:
         self.pin, self.path, self.size, self.array, self._map, self._pinned = pin, None, 0, None, None, False
+        self._remove = None     # unlinks the file at close(), or at exit when the loader was never closed
 
     def ensure(self, nbytes: int) -> np.ndarray:
         """The slot's bytes, at least nbytes of them (a quarter more when it must grow)."""
@@ -73,6 +76,8 @@ class Slot:
                                   f"in /dev/shm, or set cpu_processes=0") from None
             os.close(fd)
             self.path, self.size = path, size
+            # tmpfs holds RAM: a run ended by Ctrl-C or an exception, its loader not closed, removes it at exit
+            self._remove = weakref.finalize(self, _unlink, path)
             self.array = np.frombuffer(self._map, dtype=np.uint8)
             self._pinned = self.pin and PIN_SLOTS and _register(self.array)
         return self.array
@@ -82,12 +87,19 @@ class Slot:
             return
         if self._pinned:
             _unregister(self.array)
-        self.array, m, path, self.path, self.size, self._pinned = None, self._map, self.path, None, 0, False
+        self.array, m, self.path, self.size, self._pinned = None, self._map, None, 0, False
         try:
             m.close()
         except BufferError:     # a tensor still views it: the mapping goes when that tensor does
             pass
+        self._remove()
+
+
+def _unlink(path: str) -> None:
+    try:
         os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _register(array: np.ndarray) -> bool:
