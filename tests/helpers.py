@@ -1,6 +1,7 @@
 """One shared check for every resumable stage: save mid-epoch, restore into a fresh one, compare."""
 from __future__ import annotations
 
+import io
 import signal
 
 import numpy as np
@@ -177,3 +178,13 @@ def exif_photos(root, orientations=(1, 6, 3, 8)):
         Image.fromarray(arr).save(buf, "JPEG", quality=95, exif=exif.tobytes())
         (folder / f"{k}.jpg").write_bytes(buf.getvalue())
     return Path(root)
+
+
+def random_jpeg(w: int, h: int, seed: int, mode: str = "RGB") -> np.ndarray:
+    """The bytes of a w x h JPEG of noise (quality 90), as a uint8 array, as a JPEG cache holds them."""
+    from PIL import Image
+
+    px = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(px).convert(mode).save(buf, format="JPEG", quality=90)
+    return np.frombuffer(buf.getvalue(), np.uint8)

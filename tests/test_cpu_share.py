@@ -14,17 +14,13 @@ from fastdata.errors import LoaderError
 from fastdata.read.backends import cpu_share
 from fastdata.read.backends.cpu_share import cpu_count, decode_pixels, upload_planar
 from fastdata.read.config import split_options
+from helpers import random_jpeg as _jpeg
 
 
 def _pil(data) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(bytes(data))).convert("RGB"))
 
 
-def _jpeg(w: int, h: int, seed: int) -> np.ndarray:
-    px = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(px).save(buf, format="JPEG", quality=90)
-    return np.frombuffer(buf.getvalue(), np.uint8)
 
 
 def test_cpu_share_is_a_checked_option_of_the_nvjpeg_backend():

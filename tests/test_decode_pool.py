@@ -19,13 +19,9 @@ from fastdata.errors import LoaderError
 from fastdata.read.backends.decode_pool import MIN_TASK, DecodePool, Slot
 from fastdata.read.config import split_options
 from fastdata.read.spans import EncodedBatch
+from helpers import random_jpeg as _jpeg
 
 
-def _jpeg(w: int, h: int, seed: int, mode: str = "RGB") -> np.ndarray:
-    px = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(px).convert(mode).save(buf, format="JPEG", quality=90)
-    return np.frombuffer(buf.getvalue(), np.uint8)
 
 
 def _planar(data) -> np.ndarray:

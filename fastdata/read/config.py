@@ -90,7 +90,8 @@ class NvjpegOptions:
     # processes decoding that share (decode_pool.py: forked when the loader is made, writing into shared
     # slots), so that decoding takes no GIL from the training's process. None: the usable CPUs of this
     # rank (its share of the host's under torchrun) less 4 for the training's own threads; 0: the reader
-    # threads decode the share (it lost: 21-32% of synthetic beside resnet18)
+    # threads decode the share (21-32% of synthetic beside resnet18, measured before the per-batch header
+    # walk, the loss's main cause, was made once a shard; not measured since)
     cpu_processes: int | None = None
 
     def check(self) -> None:

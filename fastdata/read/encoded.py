@@ -134,9 +134,9 @@ class EncodedSource:
     def shard_sizes(self, s: int) -> np.ndarray:
         """(n, 2) int64 (height, width) of shard s's baseline colour JPEGs, -1 for any other: one numpy
         walk of the whole shard's headers on first use, then a lookup. Walked per batch instead, the
-        headers cost the reader threads ~15 ms of GIL a batch beside resnet18 on an H100 (py-spy), which
-        the launching thread waited for: every nvjpeg variant that needs sizes (the NVJPG engines, a
-        CPU share) fed it at 27-50% of synthetic against 80% without (share-probe-...-2026-12-07)."""
+        reader threads held the GIL about as long as resnet18's training step on an H100 (py-spy:
+        pyspy-share-H100-2026-12-07-summary.txt), which the launching thread waited for: every nvjpeg
+        variant that needs sizes (the NVJPG engines, a CPU share) fed it at 27-50% of synthetic."""
         got = self._sizes.get(s)
         if got is None:
             with self._sizes_lock:

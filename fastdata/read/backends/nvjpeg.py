@@ -136,11 +136,12 @@ class NvjpegBackend(BaseBackend):
 
     def read(self, key, idx: np.ndarray, slot):
         rng = batch_rng(self.cfg.seed, key, self.cfg.batch_size)
-        batch = self.encoded.get_spans(idx, sizes=self._engines or bool(self._share))
+        need_sizes = self._engines or bool(self._share)
+        batch = self.encoded.get_spans(idx, sizes=need_sizes)
         labels = torch.from_numpy(batch.labels)
         flips = torch.from_numpy(draw_flips(len(idx), self.cfg.augment, rng))
         if self.encoded.kind == "cache-jpeg":       # a cache is built upright: sizes only, by numpy
-            sizes, turns = batch.baseline_sizes() if self._engines or self._share else None, None
+            sizes, turns = batch.baseline_sizes() if need_sizes else None, None
         else:
             scans = [jpeg_scan(e) for e in batch.arrays()]
             sizes, turns = self._baseline_sizes(scans), exif_turns(scans)
