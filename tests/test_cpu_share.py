@@ -24,7 +24,7 @@ def _pil(data) -> np.ndarray:
 
 
 def test_cpu_share_is_a_checked_option_of_the_nvjpeg_backend():
-    assert split_options("nvjpeg", {}).cpu_share == 0.0           # opt-in (README, Compact caches)
+    assert split_options("nvjpeg", {}).cpu_share is None      # picked by decode_pool.resolve_share
     for bad in (-0.1, 1.5, "half", True, float("nan")):
         with pytest.raises(LoaderError, match="cpu_share"):
             split_options("nvjpeg", {"cpu_share": bad}).check()

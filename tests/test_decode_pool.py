@@ -119,21 +119,25 @@ def test_cpu_processes_is_a_checked_option_that_needs_a_share():
         with pytest.raises(LoaderError, match="cpu_processes"):
             split_options("nvjpeg", {"cpu_share": 0.5, "cpu_processes": bad}).check()
     with pytest.raises(LoaderError, match="cpu_share=0: the processes would decode nothing"):
-        split_options("nvjpeg", {"cpu_processes": 4}).check()      # (the share is off by default)
+        split_options("nvjpeg", {"cpu_share": 0, "cpu_processes": 4}).check()
 
 
-@pytest.mark.parametrize("cpus,local,share,procs,want", [
-    (16, None, None, None, (1.0, 12)),       # the measured H100 host: every image on the CPU
-    (128, "8", None, None, (1.0, 12)),       # 8 ranks of torchrun share the host's 128 CPUs
-    (8, None, None, None, (1 / 3, 4)),       # fewer processes take a smaller share
-    (5, None, None, None, (0.0, 0)),         # one process would not pay: the GPU decodes
-    (2, None, 0.5, None, (0.5, 0)),          # a share asked for on a small host: the reader threads
-    (16, None, 0.0, None, (0.0, 0)),         # off
-    (16, None, None, 0, (0.0, 0)),           # no processes and no share given: off
-    (16, None, 0.4, 3, (0.4, 3)),            # both given: as given
-    (16, "x", None, None, (1.0, 12)),        # a LOCAL_WORLD_SIZE that is not a number: taken as 1
+@pytest.mark.parametrize("cpus,local,share,procs,pixels,want", [
+    (16, None, None, None, 256 * 256, (1.0, 12)),    # the measured H100 host and cache: every image on the CPU
+    (16, None, None, None, 512 * 512, (0.25, 12)),   # images 4x larger: a quarter of each batch
+    (16, None, None, None, 128 * 128, (1.0, 12)),    # smaller ones: still all of it
+    (16, None, None, None, None, (0.0, 0)),          # JPEG files (sizes unknown): the GPU decodes them all
+    (128, "8", None, None, 256 * 256, (1.0, 12)),    # 8 ranks of torchrun share the host's 128 CPUs
+    (8, None, None, None, 256 * 256, (1 / 3, 4)),    # fewer processes take a smaller share
+    (5, None, None, None, 256 * 256, (0.0, 0)),      # one process would not pay: the GPU decodes
+    (2, None, 0.5, None, None, (0.5, 0)),            # a share asked for on a small host: the reader threads
+    (16, None, 0.0, None, 256 * 256, (0.0, 0)),      # off
+    (16, None, None, 0, 256 * 256, (0.0, 0)),        # no processes and no share given: off
+    (16, None, 0.4, 3, None, (0.4, 3)),              # both given: as given
+    (16, "x", None, None, 256 * 256, (1.0, 12)),     # a LOCAL_WORLD_SIZE that is not a number: taken as 1
 ])
-def test_the_share_and_the_processes_are_picked_from_this_ranks_cpus(monkeypatch, cpus, local, share, procs, want):
+def test_the_share_and_the_processes_are_picked_from_this_ranks_cpus(monkeypatch, cpus, local, share, procs, pixels,
+                                                                     want):
     from fastdata.read.backends import decode_pool
 
     monkeypatch.setattr(decode_pool, "usable_cpus", lambda: cpus)
@@ -141,8 +145,19 @@ def test_the_share_and_the_processes_are_picked_from_this_ranks_cpus(monkeypatch
         monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     else:
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
-    got = decode_pool.resolve_share(share, procs)
+    got = decode_pool.resolve_share(share, procs, pixels)
     assert got[1] == want[1] and got[0] == pytest.approx(want[0])
+
+
+def test_the_share_is_sized_by_a_jpeg_caches_images(jpeg_cache, image_folder):
+    """mean_pixels: a JPEG cache's mean image size from its first shard's headers; None for files."""
+    from fastdata.read.backends.nvjpeg import mean_pixels
+    from fastdata.read.encoded import EncodedSource
+
+    src = EncodedSource(jpeg_cache)
+    hw = np.array([Image.open(io.BytesIO(a)).size for a in src.get_batch(np.arange(src.shard_counts[0]))[0]])
+    assert mean_pixels(src) == pytest.approx(float((hw[:, 0] * hw[:, 1]).mean()))
+    assert mean_pixels(EncodedSource(image_folder)) is None
 
 
 def test_the_backend_hands_the_share_to_the_processes(jpeg_cache, pool):
@@ -184,3 +199,88 @@ def test_a_slot_file_is_removed_at_close_and_at_exit_without_close(pool, tmp_pat
     assert run.returncode != 0 and "KeyboardInterrupt" in run.stderr
     assert left.startswith(tempfile.gettempdir() if not os.path.isdir("/dev/shm") else "/dev/shm/")
     assert not os.path.exists(left)
+
+
+def _mapping_at(address: int) -> str | None:
+    """The file mapped at address in this process, from /proc/self/maps."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, *rest = line.split()
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= address < hi:
+                return rest[4] if len(rest) > 4 else ""
+    return None
+
+
+def _mapped(path: str) -> bool:
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip().endswith(path) for line in f)
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    """host_pin's driver calls recorded; each unregister notes whether the file registered at that
+    address is still mapped there."""
+    from fastdata.read.backends import host_pin
+
+    calls, files = [], {}
+
+    def register(address, nbytes, device):
+        calls.append(("register", address, nbytes, device))
+        if device < 0:                                  # a negative device: the driver refuses
+            return None
+        files[address] = _mapping_at(address)
+        return address, device
+
+    def unregister(token):
+        calls.append(("unregister", token[0], _mapping_at(token[0]) == files.pop(token[0])))
+
+    monkeypatch.setattr(host_pin, "register", register)
+    monkeypatch.setattr(host_pin, "unregister", unregister)
+    return calls
+
+
+def test_a_slot_is_unregistered_while_still_mapped_on_close_growth_and_collection(fake_driver):
+    """A slot unmapped while registered kept the old pages locked under its address, and the next slot
+    mapped there gave torch another loader's pixels (GPU suite, 2026-12-07): each registration goes
+    before its mapping, at close(), when the slot grows, and when a slot never closed is collected."""
+    import gc
+
+    slot = Slot(0)
+    slot.ensure(4096)
+    assert slot.pinned and fake_driver[-1][0] == "register" and fake_driver[-1][3] == 0
+    first = fake_driver[-1][1]
+    slot.ensure(1 << 20)                                   # grows: a new file, the old one released
+    assert fake_driver[-2] == ("unregister", first, True) and fake_driver[-1][0] == "register"
+    second, path = fake_driver[-1][1], slot.path
+    slot.close()
+    assert fake_driver[-1] == ("unregister", second, True) and not os.path.exists(path)
+    slot.close()                                           # twice: nothing more
+    assert fake_driver[-1][1] == second and len(fake_driver) == 4
+    dropped = Slot(0)
+    dropped.ensure(8192)
+    third, path = fake_driver[-1][1], dropped.path
+    del dropped
+    gc.collect()
+    assert fake_driver[-1] == ("unregister", third, True)
+    assert not os.path.exists(path) and not _mapped(path)
+
+
+def test_a_slot_the_driver_will_not_page_lock_is_used_pageable(fake_driver):
+    refused, plain = Slot(-1), Slot()
+    try:
+        for s in (refused, plain):
+            s.ensure(4096)[:3] = [1, 2, 3]
+            assert not s.pinned and s.array[:3].tolist() == [1, 2, 3]
+        assert [c[0] for c in fake_driver] == ["register"]      # (a slot without a device asks nothing)
+    finally:
+        refused.close()
+        plain.close()
+    assert [c[0] for c in fake_driver] == ["register"]          # nothing registered: nothing undone
+
+
+def test_without_a_cuda_driver_page_locking_declines_quietly(monkeypatch):
+    from fastdata.read.backends import host_pin
+
+    monkeypatch.setattr(host_pin, "_DRIVER", [None])
+    assert host_pin.register(4096, 4096, 0) is None

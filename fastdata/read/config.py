@@ -82,11 +82,12 @@ class NvjpegOptions:
     # share of each batch decoded on the CPU instead (read/backends/cpu_share.py; decode_pool.py): for a
     # GPU whose decoder, run beside a fast model, slows it while the CPUs idle. Batches whose sizes the
     # header walk cannot give, or with turned (EXIF) images, stay whole on the GPU; 1.0 decodes every
-    # image on the CPU and crops on the GPU. None: decode_pool.resolve_share picks it from the decode
-    # processes (1.0 from 12). Opt-in until the full GPU suite passes with it on (README, Compact
-    # caches): on an H100 host share 1.0 in 12 processes fed resnet18 at 95% of synthetic and resnet50
-    # at 99.6%, against 79% and 93% for the GPU decoder alone
-    cpu_share: float | None = 0.0
+    # image on the CPU and crops on the GPU. None: decode_pool.resolve_share picks it for a JPEG cache from
+    # the decode processes and the cache's image size (1.0 from 12 processes at 256 px; 0 on a host with
+    # under 6 CPUs, and for JPEG files, whose sizes vary and were not measured). On an H100 host share 1.0
+    # in 12 processes fed resnet18 at 95% of synthetic and resnet50 at 99.6%, against 79% and 93% for the
+    # GPU decoder alone (README, Compact caches)
+    cpu_share: float | None = None
     # processes decoding that share (decode_pool.py: forked when the loader is made, writing into shared
     # slots), so that decoding takes no GIL from the training's process. None: the usable CPUs of this
     # rank (its share of the host's under torchrun) less 4 for the training's own threads; 0: the reader

@@ -52,7 +52,7 @@ def test_loader_takes_the_engines_and_matches_the_torchvision_path(engines, jpeg
     outs, counts = [], []
     for hardware in (True, False):
         dl = fastdata.loader(jpeg_cache, 16, backend="nvjpeg", device="cuda", seed=5, hardware=hardware,
-                             augment=AugmentConfig(size=48, dtype="float32"))
+                             cpu_share=0, augment=AugmentConfig(size=48, dtype="float32"))
         outs.append([(b.images.float().cpu(), b.labels.cpu()) for b in dl])
         counts.append(dict(dl.backend.decoded))
         dl.close()
@@ -82,14 +82,16 @@ def test_a_batch_the_engines_cannot_take_is_decoded_by_torchvision(engines, imag
     assert n <= done["hardware"] + done["torchvision"] <= n + 8 * (dl.backend.stage_ahead + 1)
 
 
-@pytest.mark.parametrize("hardware", [True, False])
-def test_lanes_give_the_batches_of_one_lane_in_order(hardware, jpeg_cache):
+@pytest.mark.parametrize("hardware,share", [(True, 0.0), (False, 0.0), (True, None), (False, 0.5)])
+def test_lanes_give_the_batches_of_one_lane_in_order(hardware, share, jpeg_cache):
     """Several GPU threads decode batches side by side; the loader still yields each epoch's batches in
-    its order, with the same crops, and every sample once."""
+    its order, with the same crops, and every sample once; also with the CPU's share (the default's, and
+    half in 2 processes), whose page-locked slots are uploaded on the lanes' streams."""
     outs = []
     for lanes in (1, 3):
         dl = fastdata.loader(jpeg_cache, 8, backend="nvjpeg", device="cuda", seed=11, hardware=hardware,
-                             lanes=lanes, augment=AugmentConfig(size=40, dtype="float32"))
+                             lanes=lanes, cpu_share=share, cpu_processes=2 if share else None,
+                             augment=AugmentConfig(size=40, dtype="float32"))
         outs.append([(b.images.float().cpu(), b.labels.cpu(), b.indices.numpy().copy()) for b in dl])
         dl.close()
     one, three = outs
@@ -128,7 +130,7 @@ def test_bytes_packed_into_pinned_slots_decode_as_bytes_read_in_place(hardware, 
     outs = []
     for pinned in (True, False):
         dl = fastdata.loader(jpeg_cache, 8, backend="nvjpeg", device="cuda", seed=3, hardware=hardware,
-                             pinned=pinned, prefetch=1, augment=AugmentConfig(size=40, dtype="float32"))
+                             pinned=pinned, prefetch=1, cpu_share=0, augment=AugmentConfig(size=40, dtype="float32"))
         outs.append([(b.images.float().cpu(), b.labels.cpu()) for _ in range(3) for b in dl])
         dl.close()
     assert len(outs[0]) == len(outs[1]) == 3 * -(-len(EncodedSource(jpeg_cache)) // 8)
@@ -161,3 +163,30 @@ def test_a_cpu_share_of_each_batch_gives_the_gpus_batches_within_decoder_roundin
     for (a, la), (b, lb) in zip(*outs):
         assert torch.equal(la, lb) and a.shape == b.shape
         assert (a - b).abs().mean() * 255 < 2.0
+
+
+def test_a_loader_never_closed_leaves_the_next_one_its_own_pixels(jpeg_cache):
+    """Decode slots page-locked by the driver (host_pin.py): a loader dropped without close() unregisters
+    its slots before they are unmapped, so the next loader's slots (often mapped at the same addresses)
+    register and upload their own pixels. The first version gave the second loader the first one's
+    pixels and left CUDA errors for torch's next launch (GPU suite, 2026-12-07)."""
+    import gc
+
+    def epoch(seed):
+        dl = fastdata.loader(jpeg_cache, 8, backend="nvjpeg", device="cuda", seed=seed, cpu_share=1.0,
+                             cpu_processes=2, prefetch=2, augment=AugmentConfig(size=40, dtype="float32"))
+        out = [b.images.float().cpu() for b in dl]
+        pinned = [s.pinned for s in dl.backend._slots]
+        return out, pinned, dl
+
+    first, pinned, dl = epoch(1)
+    assert pinned and all(pinned), pinned
+    del dl                       # never closed
+    gc.collect()
+    second, _, dl = epoch(2)
+    again, _, dl2 = epoch(2)
+    dl.close()
+    dl2.close()
+    assert torch.ones(4, device="cuda").sum().item() == 4      # no CUDA error left behind
+    assert len(second) == len(again) and all(torch.equal(a, b) for a, b in zip(second, again))
+    assert not all(torch.equal(a, b) for a, b in zip(first, second))    # seed 2's crops, not seed 1's

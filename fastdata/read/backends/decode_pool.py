@@ -6,7 +6,7 @@ decoding flat out (18.5k img/s) beside compiled resnet18 on an H100 cost its loo
 (share-probe-resnet18-H100-80GB-HBM3-2026-12-07.md). Here the reader thread only packs the share's JPEG
 bytes into a slot and waits (GIL released) while worker processes decode them into the same slot, each
 image planar (CHW, nvJPEG's layout); the GPU thread uploads the slot's pixels in one copy, a DMA where
-the slot is page-locked (PIN_SLOTS, off for now: README "Compact caches").
+the slot is page-locked (host_pin.py).
 
     slot (a file in /dev/shm, mapped by the loader and by every worker):
     | JPEG bytes of the share, back to back | to 4 KiB | planar RGB image 0 | image 1 | ... |
@@ -34,15 +34,13 @@ from PIL import Image
 from ..._util import usable_cpus
 from ...errors import LoaderError
 from ..spans import EncodedBatch
+from . import host_pin
 
-# page-lock each slot for CUDA (cudaHostRegister). Off: the full GPU suite failed with it on (a failed
-# registration's error surfaced in a later copy, and pixels of other batches came out); the upload is
-# then a pageable copy on the GPU thread's stream
-PIN_SLOTS = False
 MIN_TASK = 16          # images per worker task at least: each task costs the loader's process a pickle
 RESERVED_CPUS = 4      # left to the training thread, the GPU thread, the readers and the pool's own threads
 FULL_SHARE = 12        # decode processes that took every image (share 1.0) beside resnet18 on an H100 host:
                        # ~1.5k img/s each (share-probe-resnet18-H100-80GB-HBM3-2026-12-07.md: 12 gave 18.5k)
+REF_PIXELS = 256 * 256  # ... of the images of that run's cache (build-cache --encode jpeg --size 256)
 _ALIGN = 4096
 _MAPS: dict[str, tuple[int, mmap.mmap]] = {}    # worker: the slots it has mapped, by path
 _MAX_MAPS = 64
@@ -54,11 +52,12 @@ def _shm_dir() -> str | None:
 
 
 class Slot:
-    """A file in tmpfs mapped here, page-locked for CUDA where pin; grown (as a new file) on demand."""
+    """A file in tmpfs mapped here, grown (as a new file) on demand; page-locked for CUDA device
+    `device` where one is given and the driver agrees (host_pin.py; `pinned` says whether it did)."""
 
-    def __init__(self, pin: bool = False) -> None:
-        self.pin, self.path, self.size, self.array, self._map, self._pinned = pin, None, 0, None, None, False
-        self._remove = None     # unlinks the file at close(), or at exit when the loader was never closed
+    def __init__(self, device: int | None = None) -> None:
+        self.device, self.path, self.size, self.array, self._map, self.pinned = device, None, 0, None, None, False
+        self._release = None    # unregisters and unlinks at close(), or at exit/collection when never closed
 
     def ensure(self, nbytes: int) -> np.ndarray:
         """The slot's bytes, at least nbytes of them (a quarter more when it must grow)."""
@@ -76,43 +75,34 @@ class Slot:
                                   f"in /dev/shm, or set cpu_processes=0") from None
             os.close(fd)
             self.path, self.size = path, size
-            # tmpfs holds RAM: a run ended by Ctrl-C or an exception, its loader not closed, removes it at exit
-            self._remove = weakref.finalize(self, _unlink, path)
             self.array = np.frombuffer(self._map, dtype=np.uint8)
-            self._pinned = self.pin and PIN_SLOTS and _register(self.array)
+            token = None if self.device is None else host_pin.register(self.array.ctypes.data, size, self.device)
+            self.pinned = token is not None
+            # tmpfs holds RAM, and a registration must go before its mapping (host_pin.py): a loader never
+            # closed (Ctrl-C, an exception, a dropped reference) does both when the slot is collected or
+            # at exit. The finalizer holds the mapping, so it is still mapped when the registration goes
+            self._release = weakref.finalize(self, _release, path, token, self._map)
         return self.array
 
     def close(self) -> None:
         if self.path is None:
             return
-        if self._pinned:
-            _unregister(self.array)
-        self.array, m, self.path, self.size, self._pinned = None, self._map, None, 0, False
+        m, release = self._map, self._release
+        self.array, self._map, self.path, self.size, self.pinned, self._release = None, None, None, 0, False, None
+        release()
         try:
             m.close()
         except BufferError:     # a tensor still views it: the mapping goes when that tensor does
             pass
-        self._remove()
 
 
-def _unlink(path: str) -> None:
+def _release(path: str, token, _mapping) -> None:
+    if token is not None:
+        host_pin.unregister(token)
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-def _register(array: np.ndarray) -> bool:
-    """Page-lock the slot for CUDA, so its upload is a DMA that does not block the GPU thread."""
-    import torch
-
-    return torch.cuda.cudart().cudaHostRegister(array.ctypes.data, array.nbytes, 0) == 0
-
-
-def _unregister(array: np.ndarray) -> None:
-    import torch
-
-    torch.cuda.cudart().cudaHostUnregister(array.ctypes.data)
 
 
 def _worker_init() -> None:
@@ -152,11 +142,13 @@ def decode_task(path: str, size: int, table: bytes) -> tuple[int, str] | None:
     return None
 
 
-def resolve_share(share: float | None, processes: int | None) -> tuple[float, int]:
-    """(share, processes) the nvjpeg backend runs with, None picked: processes from the CPUs this rank
-    may use (torchrun's LOCAL_WORLD_SIZE ranks share the host's) less RESERVED_CPUS, none below 2; the
-    share from them, each taking 1/FULL_SHARE of a fast model's batches. A share given with no
-    processes is decoded by the reader threads, as asked."""
+def resolve_share(share: float | None, processes: int | None, pixels: float | None = None) -> tuple[float, int]:
+    """(share, processes) the nvjpeg backend runs with, None picked. Processes: the CPUs this rank may
+    use (torchrun's LOCAL_WORLD_SIZE ranks share the host's) less RESERVED_CPUS, none below 2. Share: each
+    process takes 1/FULL_SHARE of the batches of images of REF_PIXELS (the measured 256 px cache), fewer of
+    larger ones; pixels is the source's mean pixels an image, None where unknown (a folder of photos of
+    any size: not measured, so the GPU decodes it all). A share given with no processes is decoded by
+    the reader threads, as asked."""
     if processes is None:
         try:
             local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
@@ -165,7 +157,8 @@ def resolve_share(share: float | None, processes: int | None) -> tuple[float, in
         processes = max(0, usable_cpus() // local - RESERVED_CPUS)
         processes = processes if processes >= 2 else 0
     if share is None:
-        share = min(1.0, processes / FULL_SHARE) if processes else 0.0
+        fits = processes and pixels
+        share = min(1.0, processes / FULL_SHARE * REF_PIXELS / max(pixels, 1.0)) if fits else 0.0
     return float(share), (processes if share else 0)
 
 

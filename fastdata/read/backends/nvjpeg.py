@@ -63,6 +63,16 @@ def exif_turns(scans) -> np.ndarray | None:
     return turns if (turns != 1).any() else None
 
 
+def mean_pixels(source: EncodedSource) -> float | None:
+    """A JPEG cache's mean pixels an image, from its first shard's headers (walked once: shard_sizes); None
+    for JPEG files, or a shard with no baseline image, which resolve_share leaves to the GPU."""
+    if source.kind != "cache-jpeg" or not source.shard_counts or not source.shard_counts[0]:
+        return None
+    hw = source.shard_sizes(0)
+    ok = hw[:, 0] > 0
+    return float((hw[ok, 0] * hw[ok, 1]).mean()) if ok.any() else None
+
+
 class NvjpegBackend(BaseBackend):
     kind = "nvjpeg"
     stage_ahead = 2        # the GPU thread decodes two batches ahead, as the wave-1 DecodeLoader did
@@ -84,7 +94,7 @@ class NvjpegBackend(BaseBackend):
         self._triton = resolve_kernel(cfg.augment, device) == "triton"
         self.hardware = "nvJPEG hardware backend" if cfg.options.hardware else "off (options.hardware=False)"
         self.decoded = {"hardware": 0, "torchvision": 0, "cpu": 0}
-        self._share, procs = resolve_share(cfg.options.cpu_share, cfg.options.cpu_processes)
+        self._share, procs = resolve_share(cfg.options.cpu_share, cfg.options.cpu_processes, mean_pixels(source))
         self._slots: list[Slot] = []
         # forked here, before the lanes' and readers' threads start (decode_pool.py says why)
         self._procs = DecodePool(procs) if self._share and procs else None
@@ -115,7 +125,8 @@ class NvjpegBackend(BaseBackend):
         ones for the decode processes (options.cpu_processes)."""
         if not (self.cfg.options.pinned or self._procs):
             return None
-        slots = [{"room": None, "staged": None, "shared": Slot(pin=True) if self._procs else None} for _ in range(n)]
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        slots = [{"room": None, "staged": None, "shared": Slot(index) if self._procs else None} for _ in range(n)]
         self._slots += [s["shared"] for s in slots if s["shared"] is not None]
         return slots
 
@@ -271,6 +282,8 @@ class NvjpegBackend(BaseBackend):
         self._lanes = []
         if self._procs is not None:
             self._procs.close()
+        if self._slots:
+            log.info("nvjpeg: %d of %d decode slots page-locked", sum(s.pinned for s in self._slots), len(self._slots))
         for slot in self._slots:
             slot.close()
         self._slots = []
