@@ -14,8 +14,9 @@ pixels differ by the two decoders' rounding (IDCT, chroma upsampling) only.
 Measured (H100, 2026-12-07, README "Compact caches"): it loses beside resnet18, 21-32% of synthetic at
 every share against 82% for the GPU decode alone; a reader thread took ~2.3 ms an image and the training
 loop's launches slowed from 14 to 55-68 ms a step. The cause found later (py-spy, README "Compact
-caches"): the per-batch walk of the JPEG headers for the sizes, now made once a shard. The share can also
-be decoded in processes (decode_pool.py); it stays opt-in (cpu_share=0).
+caches"): the per-batch walk of the JPEG headers for the sizes, now made once a shard. By default the
+share is decoded in processes (decode_pool.py) into page-locked slots (host_pin.py); this module's
+reader-thread decode runs where cpu_processes=0 asks for it.
 """
 from __future__ import annotations
 
