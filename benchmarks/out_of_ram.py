@@ -31,10 +31,14 @@ print("ready", flush=True)
 sys.stdin.readline()                     # the parent has put this process in the cgroup: budget from it
 budget = os.environ.get("OOR_BUDGET") or "auto"   # set where no cgroup could be made
 threads = int(os.environ["OOR_THREADS"]) if os.environ.get("OOR_THREADS") else None
+import fastdata.read.stream
+fastdata.read.stream.FILL = os.environ.get("OOR_FILL") or fastdata.read.stream.FILL
+fastdata.read.stream.FILL_THREADS = int(os.environ.get("OOR_FILL_THREADS") or fastdata.read.stream.FILL_THREADS)
 device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
 make = fastdata.loader                   # (imports torch and the reader: not part of opening the cache)
 t_open = time.perf_counter()
 dl = make(cache, bs, device=device, memory=None if mode == "mmap" else budget, integrity="off", threads=threads)
+fill = fastdata.read.stream.FILL if dl.backend._streamer is not None else ""
 t_open = time.perf_counter() - t_open
 
 def read_bytes():
@@ -52,7 +56,8 @@ for epoch in range(epochs):
     out.append({"images": n, "seconds": dt, "first": first, "after_first": (n - n_first) / n, "open": t_open,
                 "read_bytes": read_bytes() - io0, "seen": cov["seen"],
                 "repeated": cov["repeated"], "window": dl.order.cfg.window,
-                "streaming": dl.backend._streamer is not None})
+                "streaming": dl.backend._streamer is not None,
+                "fill": f"{fill} x{fastdata.read.stream.FILL_THREADS}" if fill == "populate" else fill})
 print(json.dumps(out), flush=True)
 """
 
@@ -93,6 +98,9 @@ def _row(cache: Path, mode: str, bs: int, limit: int, files: list[Path], epochs:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if probe is None:
         env["OOR_BUDGET"] = str(limit)
+    if "-" in mode:     # stream-advise, stream-populate[xN]: the streaming row with that FILL (N threads)
+        mode, fill = mode.split("-", 1)
+        env["OOR_FILL"], _, env["OOR_FILL_THREADS"] = fill.partition("x")
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(cache), mode, str(bs), str(epochs)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     assert child.stdout.readline().strip() == "ready"
@@ -126,7 +134,10 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--epochs", type=int, default=2, help="epochs per row: the first starts cold, later ones "
                     "are the steady state of a training run")
-    ap.add_argument("--rows", default="stream,mmap")
+    ap.add_argument("--rows", default="stream,mmap", help="comma list of stream, mmap, stream-advise, "
+                    "stream-populate, stream-populatexN (stream.FILL for that row; N: FILL_THREADS)")
+    ap.add_argument("--repeat", type=int, default=1, help="run the rows this many times, alternating")
+    ap.add_argument("--tag", default="", help="appended to the result's file name")
     ap.add_argument("--work", default=None)
     a = ap.parse_args()
     work = Path(a.work or tempfile.mkdtemp(prefix="fastdata-oor-"))
@@ -139,7 +150,7 @@ def main() -> None:
     total = sum(p.stat().st_size for p in files)
     limit = parse_size(a.memory)
     rows = []
-    for mode in a.rows.split(","):
+    for mode in a.rows.split(",") * a.repeat:
         before = _dd_rate(files)   # (O_DIRECT: the page cache neither helps nor changes; _row drops it)
         got = _row(cache, mode, a.batch_size, limit, files, a.epochs)
         dd = (before + _dd_rate(files)) / 2   # this disk's rate drifts: the mean of dd before and after the row
@@ -164,8 +175,8 @@ def main() -> None:
              f"'open s'); x dd after it: the rest of the epoch's bytes per second over dd's, the rate an "
              f"epoch of a large data set is made of.\n\nRerun: "
              f"`python benchmarks/out_of_ram.py --images {a.images} --size {a.size} --memory {a.memory} "
-             f"--epochs {a.epochs}`")
-    write("out-of-ram", rows, ["row", "epoch", "streaming", "window", "img/s", "MB/s", "dd MB/s", "x dd",
+             f"--epochs {a.epochs} --rows {a.rows}{f' --repeat {a.repeat}' if a.repeat > 1 else ''}`")
+    write(f"out-of-ram{'-' + a.tag if a.tag else ''}", rows, ["row", "epoch", "streaming", "fill", "window", "img/s", "MB/s", "dd MB/s", "x dd",
                                "open s", "first batch s", "x dd after it",
                                "read / cache bytes", "disk x dd", "seen", "repeated", "peak_mb", "cgroup"], notes)
 

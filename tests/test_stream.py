@@ -11,6 +11,7 @@ import pytest
 
 import fastdata
 
+from fastdata.read import stream
 from helpers import build, check_resume, epoch_indices
 
 
@@ -44,7 +45,9 @@ def _drop(files) -> None:
         os.close(fd)
 
 
-def test_streaming_reads_every_sample_once_within_the_budget(big_cache):
+@pytest.mark.parametrize("fill", ["populate", "advise"])
+def test_streaming_reads_every_sample_once_within_the_budget(big_cache, fill, monkeypatch):
+    monkeypatch.setattr(stream, "FILL", fill)
     files = sorted(big_cache.glob("shard-*"))
     total = sum(p.stat().st_size for p in files)
     budget = total // 2                                           # the cache is 2x the loader's memory
@@ -95,3 +98,55 @@ def test_a_budget_too_small_for_four_shards_is_refused(big_cache):
 def test_auto_mode_leaves_a_cache_that_fits_alone(raw_cache):
     dl = fastdata.loader(raw_cache, 16, device="cpu")
     assert dl.backend._streamer is None and dl.order.cfg.window == 16384
+
+
+def test_populate_reads_a_whole_file_into_the_page_cache(big_cache):
+    path = sorted(big_cache.glob("shard-*"))[0]
+    size = path.stat().st_size
+    _drop([path])
+    if _resident(path) > size // 2:
+        pytest.skip(f"{path.parent}: this file system keeps dropped pages (tmpfs?), so residency says nothing")
+    assert stream.populate(path) is True
+    assert _resident(path) >= size - mmap.PAGESIZE
+
+
+def test_a_kernel_without_populate_falls_back_to_willneed_and_reads_everything(big_cache, monkeypatch):
+    asked = []
+    monkeypatch.setattr(stream, "populate", lambda path: asked.append(path) or False)
+    dl = fastdata.loader(big_cache, 16, device="cpu", memory="6MB", integrity="off")
+    assert sum(len(b[1]) for b in dl) == 960 and dl.coverage()["repeated"] == 0
+    streamer = dl.backend._streamer
+    assert asked and not streamer._populates      # asked once or so, then WILLNEED for the rest
+    dl.close()
+
+
+def test_a_shard_still_being_populated_is_dropped_only_after(big_cache, monkeypatch):
+    """Dropping a shard whose fill still runs waits for it: pages faulted in after the drop would stay."""
+    import threading
+
+    started, release, order = threading.Event(), threading.Event(), []
+
+    def slow(path):
+        started.set()
+        release.wait(60)
+        order.append(f"populated {path.name}")
+        return True
+
+    monkeypatch.setattr(stream, "populate", slow)
+    dl = fastdata.loader(big_cache, 16, device="cpu", memory="6MB", integrity="off")
+    streamer = dl.backend._streamer
+    monkeypatch.setattr(streamer, "_advise", lambda s, advice: order.append(f"dropped {s}"))
+    name = streamer.cache.manifest.shards[0].name
+    monkeypatch.setattr(streamer.cache, "gather_table", lambda: None)
+    streamer._fill(0)
+    streamer._fill(1)
+    streamer._fill(2)                 # queued behind two running fills (FILL_THREADS = 2)
+    started.wait(60)
+    streamer._drop(2)                 # not started: cancelled, dropped at once
+    assert order == ["dropped 2"]
+    dropper = threading.Thread(target=streamer._drop, args=(0,))
+    dropper.start()
+    release.set()
+    dropper.join(60)
+    assert order.index(f"populated {name}") < order.index("dropped 0")
+    dl.close()

@@ -7,10 +7,11 @@ share on, benchmarks/results/gpu-tests-H100-2026-12-07-procs-3-default.txt) set 
   it as its own ("invalid argument", "resource already mapped" in an unrelated copy). A driver call
   leaves the runtime's error alone: a registration that fails here only means a pageable upload.
 - A slot freed by the garbage collector (a loader never closed) was unmapped while still registered.
-  The driver kept the old pages locked under that address; the next slot mapped there could not
-  register, yet torch, asking the driver, took it for page-locked and copied the old pages: another
-  loader's pixels. So every registration is undone while its mapping still exists (Slot's finalizer,
-  which holds the mapping).
+  Our reading of the failures: the driver kept the old pages locked under that address, the next slot
+  mapped there could not register, yet torch, asking the driver, took it for page-locked and copied the
+  old pages (another loader's pixels). So every registration is undone while its mapping still exists
+  (Slot's finalizer, which holds the mapping). With both changes the suite passes
+  (gpu-tests-H100-2026-12-07-default-share.txt).
 
 The calls push the device's primary context (the one torch uses) around each call, since a reader
 thread need not have made it current.
