@@ -211,7 +211,7 @@ def _rate_rows(what, wall: float, steady: dict, workers: int) -> list[dict]:
 
 
 def gpu_rows(src: Path, tmp: Path, size: int, workers: int,
-             only: list[str] | None = None) -> tuple[list[dict], str]:
+             only: list[str] | None = None, encode: str = "raw") -> tuple[list[dict], str]:
     """build-cache --decoder nvjpeg in each GPU_VARIANTS setting (or `only` those), alternating, two reps after a
     warm-up build. Per variant: the wall rate (start-up included) and the steady rate between 20% and 90% of the
     images (Utilization.steady), each the better of the two reps. W is --workers (default: every usable CPU)."""
@@ -220,7 +220,7 @@ def gpu_rows(src: Path, tmp: Path, size: int, workers: int,
 
     def one(dest: str, **kw):
         r = build_cache(BuildConfig(src=str(src), dest=str(tmp / dest), size=size, progress=False, decoder="nvjpeg",
-                                    **kw))
+                                    encode=encode, **kw))
         shutil.rmtree(tmp / dest, ignore_errors=True)   # (the disk holds the next one)
         return r
 
@@ -243,7 +243,7 @@ def gpu_rows(src: Path, tmp: Path, size: int, workers: int,
         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     rows = []
     for name, rate in wall.items():
-        rows += _rate_rows(lambda s, label=labels[name]: f"build-cache --encode raw --decoder nvjpeg ({label}{s})",
+        rows += _rate_rows(lambda s, label=labels[name]: f"build-cache --encode {encode} --decoder nvjpeg ({label}{s})",
                            rate, steady[name], workers)
     return rows, _gpu_pixels(src, tmp, size)
 
@@ -308,6 +308,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--gpu-only", action="store_true", help="leave out the CPU builds (the plain rate stays)")
     ap.add_argument("--cpu-encodes", default="raw,jpeg", help="the CPU builds' --encode values, comma separated")
+    ap.add_argument("--gpu-encode", default="raw", choices=("raw", "jpeg"), help="--encode of the GPU builds")
     ap.add_argument("--variants", default=None, help="GPU_VARIANTS names separated by ; (default: all)")
     a = ap.parse_args()
     from fastdata._util import usable_cpus
@@ -323,8 +324,8 @@ def main() -> None:
             rows += _cpu_rows(src, tmp, sub, a.size, encode, workers)
         gpu_note = ""
         if gpu_decoder_ok():
-            extra, gpu_note = gpu_rows(src, tmp, a.size, workers,
-                                           a.variants.split(";") if a.variants else None)
+            only = a.variants.split(";") if a.variants else None
+            extra, gpu_note = gpu_rows(src, tmp, a.size, workers, only, encode=a.gpu_encode)
             rows += extra
         after = max(plain_pil_rate(sub, a.size) for _ in range(2))
         rows.insert(1, {"what": "plain PIL decode+resize, 1 process, after the builds", "img/s": after,
@@ -348,6 +349,7 @@ def main() -> None:
                  f"libjpeg DCT-domain downscaling (PIL draft), which is why it beats plain PIL per core."
                  f"{gpu_note} Rerun: `python benchmarks/build.py --per-class {a.per_class} --copies {a.copies} --size {a.size}"
                  f"{' --gpu-only' if a.gpu_only else f' --cpu-encodes {a.cpu_encodes}'}"
+                 f"{f' --gpu-encode {a.gpu_encode}' if a.gpu_encode != 'raw' else ''}"
                  f"{variants_arg}`.")
         write("build", rows, ["what", "img/s", "img/s/core", "vs plain x workers", "MB/s written", "start-up s", "to 20% s",
                         "20-90% s", "90-100% s", "CPU busy", "GPU util", "JPG util"], notes,
