@@ -284,3 +284,55 @@ def test_without_a_cuda_driver_page_locking_declines_quietly(monkeypatch):
 
     monkeypatch.setattr(host_pin, "_DRIVER", [None])
     assert host_pin.register(4096, 4096, 0) is None
+
+
+def test_a_slot_without_room_says_so_instead_of_a_bus_error(monkeypatch):
+    """A slot is allocated whole (posix_fallocate): on a full /dev/shm (Docker's 64 MB) the loader gets a
+    clear error at once, where a sparse file would kill the first writer past the room with SIGBUS."""
+    import errno
+
+    from fastdata.read.backends import decode_pool
+
+    made = []
+    real_mkstemp = tempfile.mkstemp
+
+    def mkstemp(**kw):
+        fd, path = real_mkstemp(**kw)
+        made.append(path)
+        return fd, path
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(decode_pool.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(decode_pool.os, "posix_fallocate", full)
+    slot = Slot()
+    with pytest.raises(decode_pool.SlotSpaceError, match=r"No space left.*--shm-size.*cpu_processes=0"):
+        slot.ensure(1 << 20)
+    assert made and not os.path.exists(made[0]) and slot.path is None
+
+
+@pytest.mark.parametrize("asked", [None, 0.5])
+def test_a_default_share_without_slot_room_goes_back_to_the_gpu(jpeg_cache, asked):
+    """Out of /dev/shm: a share picked by default (cpu_share=None) is given back to the GPU, with a
+    warning, and the batch goes whole to the GPU; a share the user asked for raises the error."""
+    from fastdata.read.backends.decode_pool import SlotSpaceError
+    from fastdata.read.backends.nvjpeg import NvjpegBackend
+    from fastdata.read.encoded import EncodedSource
+
+    class NoRoom:
+        def decode(self, *a):
+            raise SlotSpaceError("/dev/shm/x: cannot make a 9 MB decode slot (No space left on device)")
+
+    src = EncodedSource(jpeg_cache)
+    cfg = SimpleNamespace(options=SimpleNamespace(cpu_share=asked))
+    me = SimpleNamespace(_share=0.5, encoded=src, _procs=NoRoom(), cfg=cfg, _count=lambda *a: None)
+    idx = np.arange(6)
+    batch = src.get_spans(idx)
+    sizes = batch.baseline_sizes()
+    if asked is not None:
+        with pytest.raises(SlotSpaceError):
+            NvjpegBackend._split(me, batch, idx, sizes, None, {"shared": Slot()})
+        return
+    gpu, got, cpu = NvjpegBackend._split(me, batch, idx, sizes, None, {"shared": Slot()})
+    assert cpu is None and len(gpu) == 6 and got is sizes and me._share == 0.0

@@ -46,6 +46,10 @@ _MAPS: dict[str, tuple[int, mmap.mmap]] = {}    # worker: the slots it has mappe
 _MAX_MAPS = 64
 
 
+class SlotSpaceError(LoaderError):
+    """No room for a decode slot (a small /dev/shm): a share picked by default is given back to the GPU."""
+
+
 def _shm_dir() -> str | None:
     """tmpfs when there is one (the pages are RAM either way; a disk folder would write them out)."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -67,12 +71,16 @@ class Slot:
             fd, path = tempfile.mkstemp(prefix="fastdata-decode-", dir=_shm_dir())
             try:
                 os.ftruncate(fd, size)
+                # the pages now, or ENOSPC now: a sparse file on a full tmpfs (Docker's 64 MB /dev/shm) would
+                # instead kill the writer with SIGBUS at its first write past the room
+                os.posix_fallocate(fd, 0, size)
                 self._map = mmap.mmap(fd, size)
             except OSError as e:
                 os.close(fd)
                 os.unlink(path)
-                raise LoaderError(f"{path}: cannot make a {size >> 20} MB decode slot ({e.strerror}); free room "
-                                  f"in /dev/shm, or set cpu_processes=0") from None
+                raise SlotSpaceError(f"{path}: cannot make a {size >> 20} MB decode slot ({e.strerror}); free room "
+                                     f"in {os.path.dirname(path)} (docker run --shm-size), or set "
+                                     f"cpu_processes=0") from None
             os.close(fd)
             self.path, self.size = path, size
             self.array = np.frombuffer(self._map, dtype=np.uint8)

@@ -43,7 +43,7 @@ from ...cache.hw_decode import HardwareDecodeError, Planes, open_hardware_decode
 from ..spans import EncodedBatch
 from . import BaseBackend
 from .cpu_share import cpu_count, decode_cpu, upload_planar
-from .decode_pool import DecodePool, Slot, resolve_share
+from .decode_pool import DecodePool, Slot, SlotSpaceError, resolve_share
 from .decode import batch_rng, draw_flips, source_attrs
 from .gpu_resize import crop_resize, pack, pack_spans
 
@@ -173,7 +173,14 @@ class NvjpegBackend(BaseBackend):
         h, w = sizes
         name_of = lambda j: self.encoded.name(int(idx[m + j]))  # noqa: E731
         if self._procs is not None:
-            flat = self._procs.decode(slot["shared"], batch.take(m, len(batch)), h[m:], w[m:], name_of)
+            try:
+                flat = self._procs.decode(slot["shared"], batch.take(m, len(batch)), h[m:], w[m:], name_of)
+            except SlotSpaceError as e:
+                if self.cfg.options.cpu_share is not None:   # asked for: the user's to fix
+                    raise
+                log.warning("%s; the GPU decodes every image from now on", e)
+                self._share = 0.0                            # picked by default: the GPU decodes it all
+                return batch, sizes, None
             pixels, planar = torch.from_numpy(flat), True
         else:
             pixels, planar = decode_cpu(batch.take(m, len(batch)).arrays(), h[m:], w[m:], name_of, pin=True)
