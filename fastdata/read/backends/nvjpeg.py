@@ -1,8 +1,10 @@
-"""Backend nvjpeg: JPEG decode on the GPU without DALI, on the NVJPG engines where it can.
+"""Backend nvjpeg: JPEG decode on the GPU without DALI, on the NVJPG engines where it can, with a share
+of each batch decoded by CPU processes (on by default for a JPEG cache: decode_pool.resolve_share).
 
     reader threads:  encoded bytes (files, or spans of cache shards: spans.py) packed into a pinned
                      slot (options.pinned), and each baseline JPEG's size; the last options.cpu_share
-                     of the batch decoded here instead (cpu_share.py)
+                     of the batch decoded by the decode processes into a page-locked slot
+                     (decode_pool.py, host_pin.py), or here where cpu_processes=0 (cpu_share.py)
     GPU thread(s):   options.lanes of them, each on its own CUDA stream, batches in turn: nvJPEG
                      decodes the batch in one call, then crop, resize, flip and normalise; records an event
     training thread: waits for that event on its stream (no host sync)
