@@ -47,7 +47,8 @@ for epoch in range(2):
         n, nb = n + len(b[1]), nb + b[0].numel()
     dt, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"variant": mode, "img/s": n / dt, "MB/s": nb / dt / 1e6,
-                  "user": round((r1.ru_utime - r0.ru_utime) / dt, 2), "sys": round((r1.ru_stime - r0.ru_stime) / dt, 2)}))
+                  "user": round((r1.ru_utime - r0.ru_utime) / dt, 2),
+                  "sys": round((r1.ru_stime - r0.ru_stime) / dt, 2)}))
 """
 
 
@@ -64,9 +65,9 @@ def main() -> None:
                              cwd=ROOT, check=True).stdout.strip().splitlines()[-1]
         rows.append(json.loads(out))
     write("host-batches", rows, ["variant", "img/s", "MB/s", "user", "sys"],
-          f"Second epoch of fastdata.loader(CACHE, 128, device='cpu', memory=None) over {a.cache}, in the page cache; "
-          f"user/sys: CPU seconds per wall second. Rerun: `python benchmarks/host_batches.py CACHE --variants {a.variants} "
-          f"--repeat {a.repeat}`.")
+          f"Second epoch of fastdata.loader(CACHE, 128, device='cpu', memory=None) over {a.cache}, in the page "
+          f"cache; user/sys: CPU seconds per wall second. Rerun: `python benchmarks/host_batches.py CACHE "
+          f"--variants {a.variants} --repeat {a.repeat}`.")
 
 
 if __name__ == "__main__":

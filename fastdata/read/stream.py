@@ -38,7 +38,8 @@ import numpy as np
 WINDOW_SHARE = 0.3      # of the budget: the samples shuffled together
 AHEAD_SHARE = 0.3       # of the budget: shards announced ahead of the batch being read
 FILL = "populate"       # how an announced shard is read ahead: "populate" (side threads) or "advise" (WILLNEED)
-FILL_THREADS = 2        # shards populated at once: 1, 2, 4 read 2,052, 2,693, 2,330 MB/s (fill-methods-cpu2-2026-12-07.md)
+FILL_THREADS = 2        # shards populated at once: 1, 2, 4 read 2,052, 2,693, 2,330 MB/s
+                        # (fill-methods-cpu2-2026-12-07.md)
 _MADV_DONTNEED = 4
 _MADV_POPULATE_READ = 22
 
@@ -121,8 +122,8 @@ class Streamer:
             self._advise(s, os.POSIX_FADV_WILLNEED)
             return
         if self._filler is None or self._filler_pid != os.getpid():    # (a forked child has no such threads)
-            self._filler, self._filler_pid = ThreadPoolExecutor(FILL_THREADS, thread_name_prefix="fastdata-fill"), os.getpid()
-            self._fills = {}
+            self._filler = ThreadPoolExecutor(FILL_THREADS, thread_name_prefix="fastdata-fill")
+            self._filler_pid, self._fills = os.getpid(), {}
         self._fills[s] = self._filler.submit(self._populate, s)
 
     def _populate(self, s: int) -> None:

@@ -36,8 +36,8 @@ def _driver():
                 p, i = ctypes.c_void_p, ctypes.c_int
                 for name, args in {"cuDeviceGet": [p, i], "cuDevicePrimaryCtxRetain": [p, i],
                                    "cuDevicePrimaryCtxRelease_v2": [i], "cuCtxPushCurrent_v2": [p],
-                                   "cuCtxPopCurrent_v2": [p], "cuMemHostRegister_v2": [p, ctypes.c_size_t, ctypes.c_uint],
-                                   "cuMemHostUnregister": [p]}.items():
+                                   "cuCtxPopCurrent_v2": [p], "cuMemHostUnregister": [p],
+                                   "cuMemHostRegister_v2": [p, ctypes.c_size_t, ctypes.c_uint]}.items():
                     fn = getattr(lib, name)
                     fn.argtypes, fn.restype = args, i
             except (OSError, AttributeError) as e:
