@@ -84,15 +84,15 @@ class NvjpegOptions:
     # header walk cannot give, or with turned (EXIF) images, stay whole on the GPU; 1.0 decodes every
     # image on the CPU and crops on the GPU. None: decode_pool.resolve_share picks it for a JPEG cache from
     # the decode processes and the cache's image size (1.0 from 12 processes at 256 px; 0 on a host with
-    # under 6 CPUs, and for JPEG files, whose sizes vary and were not measured). On an H100 host share 1.0
-    # in 12 processes fed resnet18 at 95% of synthetic and resnet50 at 99.6%, against 79% and 93% for the
-    # GPU decoder alone (README, Compact caches)
+    # under 6 CPUs, and for JPEG files, whose sizes vary and were not measured). On an H100 host the default
+    # (share 1.0 in 12 processes) fed resnet18 at 99.0% of synthetic and resnet50 at 99.6%, against 77.8%
+    # and 93.3% for the GPU decoder alone (README, Compact caches)
     cpu_share: float | None = None
     # processes decoding that share (decode_pool.py: forked when the loader is made, writing into shared
     # slots), so that decoding takes no GIL from the training's process. None: the usable CPUs of this
     # rank (its share of the host's under torchrun) less 4 for the training's own threads; 0: the reader
-    # threads decode the share (21-32% of synthetic beside resnet18, measured before the per-batch header
-    # walk, the loss's main cause, was made once a shard; not measured since)
+    # threads decode the share (share 0.5 beside resnet18 on an H100: 60-63% of synthetic, against 90.6%
+    # in 12 processes; host-probe-resnet18-jpeg-H100-80GB-HBM3-2026-12-07-default-vs-engines.md)
     cpu_processes: int | None = None
 
     def check(self) -> None:

@@ -54,12 +54,19 @@ _PROT_NONE, _PROT_READ, _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANON, _MAP_N
 
 
 @functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)
 def _libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return libc
+
+
+def madvise(address: int, size: int, advice: int) -> bool:
+    """madvise(2) over [address, address + size): whether the kernel took the advice."""
+    return _libc().madvise(address, size, advice) == 0
 
 
 def gather(table, idx: np.ndarray, images: np.ndarray) -> None:

@@ -28,12 +28,13 @@ Every sample is still read exactly once per epoch: only the window size changes.
 """
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from .gather import madvise
 
 WINDOW_SHARE = 0.3      # of the budget: the samples shuffled together
 AHEAD_SHARE = 0.3       # of the budget: shards announced ahead of the batch being read
@@ -54,8 +55,7 @@ def populate(path) -> bool:
         m = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
     try:
         view = np.frombuffer(m, dtype=np.uint8)
-        libc = ctypes.CDLL(None, use_errno=True)
-        ok = libc.madvise(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), _MADV_POPULATE_READ) == 0
+        ok = madvise(view.ctypes.data, size, _MADV_POPULATE_READ)
         del view
         return ok
     finally:
@@ -153,7 +153,7 @@ class Streamer:
         table = self.cache.gather_table()
         if table is not None and table.base:
             start, size = table.starts[s], table.sizes[s]
-            ctypes.CDLL(None).madvise(ctypes.c_void_p(table.base + start), ctypes.c_size_t(size), _MADV_DONTNEED)
+            madvise(table.base + start, size, _MADV_DONTNEED)
         self._advise(s, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:

@@ -127,8 +127,8 @@ class NvjpegBackend(BaseBackend):
         ones for the decode processes (options.cpu_processes)."""
         if not (self.cfg.options.pinned or self._procs):
             return None
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        slots = [{"room": None, "staged": None, "shared": Slot(index) if self._procs else None} for _ in range(n)]
+        slots = [{"room": None, "staged": None, "shared": Slot(self.device.index) if self._procs else None}
+                 for _ in range(n)]
         self._slots += [s["shared"] for s in slots if s["shared"] is not None]
         return slots
 

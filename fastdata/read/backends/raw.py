@@ -13,8 +13,6 @@ what CI tests.
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
 import mmap
 
@@ -26,6 +24,7 @@ from ...errors import LoaderError
 from ..augment import apply_plan, batch_seed
 from ..crop import PLAN_COLUMNS, draw_plan
 from ..fill import fill_batch, fill_packed, shard_ids
+from ..gather import madvise
 from ..reader import Cache
 from ..stream import Streamer, stream_window
 from . import BaseBackend
@@ -44,18 +43,13 @@ def _host_images(shape) -> torch.Tensor:
     buf = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if n >= _HUGE_PAGE:
         view = np.frombuffer(buf, dtype=np.uint8)
-        _libc().madvise(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(n), _MADV_HUGEPAGE)   # a hint
+        madvise(view.ctypes.data, n, _MADV_HUGEPAGE)     # a hint: refused where THP is off
         del view
     return torch.frombuffer(buf, dtype=torch.uint8).view(shape)
 
 
 _HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = 14
-
-
-@functools.lru_cache(maxsize=1)
-def _libc():
-    return ctypes.CDLL(None)
 
 
 class RawBackend(BaseBackend):
