@@ -41,6 +41,16 @@ def cpu_count(share: float, n: int) -> int:
     return min(n, int(round(share * n)))
 
 
+def rgb_at_size(data, h: int, w: int) -> np.ndarray:
+    """One JPEG decoded by PIL to RGB (h, w, 3), the size its header gave; OSError where it decodes to
+    another (a header the walk misread)."""
+    with Image.open(io.BytesIO(data), formats=["JPEG"]) as im:
+        img = im if im.mode == "RGB" else im.convert("RGB")
+        if img.size != (w, h):
+            raise OSError(f"decoded {img.size[0]}x{img.size[1]}, header says {w}x{h}")
+        return np.asarray(img)
+
+
 def decode_pixels(arrays: list[np.ndarray], heights: np.ndarray, widths: np.ndarray, name_of,
                   pin: bool) -> torch.Tensor:
     """Reader thread: each JPEG decoded to RGB at its header's size, HWC, back to back in one uint8
@@ -51,11 +61,7 @@ def decode_pixels(arrays: list[np.ndarray], heights: np.ndarray, widths: np.ndar
     flat, at = out.numpy(), 0
     for j, (data, h, w, n) in enumerate(zip(arrays, heights.tolist(), widths.tolist(), sizes.tolist())):
         try:
-            with Image.open(io.BytesIO(data)) as im:
-                img = im if im.mode == "RGB" else im.convert("RGB")
-                if img.size != (w, h):
-                    raise OSError(f"decoded {img.size[0]}x{img.size[1]}, header says {w}x{h}")
-                flat[at:at + n] = np.asarray(img).reshape(-1)
+            flat[at:at + n] = rgb_at_size(data, h, w).reshape(-1)
         except (OSError, ValueError, Image.DecompressionBombError) as e:
             raise LoaderError(f"{name_of(j)}: {e}; fix or remove the file, or run `fastdata build-cache` to "
                               f"quarantine bad files first") from None

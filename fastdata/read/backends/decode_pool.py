@@ -18,7 +18,6 @@ it decodes with PIL (libjpeg-turbo) and says which image failed and why, for the
 """
 from __future__ import annotations
 
-import io
 import mmap
 import multiprocessing
 import os
@@ -35,6 +34,7 @@ from ..._util import usable_cpus
 from ...errors import LoaderError
 from ..spans import EncodedBatch
 from . import host_pin
+from .cpu_share import rgb_at_size
 
 MIN_TASK = 16          # images per worker task at least: each task costs the loader's process a pickle
 RESERVED_CPUS = 4      # left to the training thread, the GPU thread, the readers and the pool's own threads
@@ -140,11 +140,7 @@ def decode_task(path: str, size: int, table: bytes) -> tuple[int, str] | None:
     rows = np.frombuffer(table, dtype=np.int64).reshape(-1, 5).tolist()
     for j, (a, n, o, h, w) in enumerate(rows):
         try:
-            with Image.open(io.BytesIO(buf[a:a + n]), formats=["JPEG"]) as im:
-                img = im if im.mode == "RGB" else im.convert("RGB")
-                if img.size != (w, h):
-                    return j, f"decoded {img.size[0]}x{img.size[1]}, header says {w}x{h}"
-                buf[o:o + 3 * h * w].reshape(3, h, w)[...] = np.asarray(img).transpose(2, 0, 1)
+            buf[o:o + 3 * h * w].reshape(3, h, w)[...] = rgb_at_size(buf[a:a + n], h, w).transpose(2, 0, 1)
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
             return j, str(e) or type(e).__name__
     return None
