@@ -13,24 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _common import write
-
-
-def _drop(files) -> None:
-    for p in files:
-        fd = os.open(p, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-
-
-def _dd_direct(files) -> None:
-    for p in files:
-        subprocess.run(["dd", f"if={p}", "of=/dev/null", "bs=8M", "iflag=direct"], capture_output=True, check=True)
+from out_of_ram import _dd_rate, _drop_pages
 
 
 def _willneed_all_then_read(files) -> None:
@@ -66,13 +54,13 @@ def main() -> None:
     a = ap.parse_args()
     files = sorted(Path(a.cache).glob("shard-*"))[: a.shards]
     total = sum(p.stat().st_size for p in files)
-    methods = [("dd iflag=direct bs=8M", _dd_direct), ("WILLNEED on all, then read each", _willneed_all_then_read),
+    methods = [("dd iflag=direct bs=8M", _dd_rate), ("WILLNEED on all, then read each", _willneed_all_then_read),
                ("populate, 1 thread", _threads(populate, 1)), ("populate, 2 threads", _threads(populate, 2)),
                ("populate, 4 threads", _threads(populate, 4)), ("preadv 8 MB, 2 threads", _threads(_pread, 2)),
-               ("dd iflag=direct bs=8M, again", _dd_direct)]
+               ("dd iflag=direct bs=8M, again", _dd_rate)]
     rows = []
     for name, fn in methods:
-        _drop(files)
+        _drop_pages(files)
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         fn(files)
         dt, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
