@@ -96,7 +96,8 @@ class NvjpegBackend(BaseBackend):
         self._triton = resolve_kernel(cfg.augment, device) == "triton"
         self.hardware = "nvJPEG hardware backend" if cfg.options.hardware else "off (options.hardware=False)"
         self.decoded = {"hardware": 0, "torchvision": 0, "cpu": 0}
-        self._share, procs = resolve_share(cfg.options.cpu_share, cfg.options.cpu_processes, mean_pixels(source))
+        pixels = mean_pixels(source) if cfg.options.cpu_share is None else None   # (a header walk: only to pick)
+        self._share, procs = resolve_share(cfg.options.cpu_share, cfg.options.cpu_processes, pixels)
         self._slots: list[Slot] = []
         # forked here, before the lanes' and readers' threads start (decode_pool.py says why)
         self._procs = DecodePool(procs) if self._share and procs else None
