@@ -49,7 +49,7 @@ SHARD_FORMATS = ("h5", "pt")
 
 def is_manifest(path: str | Path) -> bool:
     """path (a folder's manifest.json) is fastdata's, damaged or not: it names format_version (in its first
-    KB: keys are sorted), or shards lie beside it. Another tool's manifest.json (a labelling export
+    MB: keys are sorted), or shards lie beside it. Another tool's manifest.json (a labelling export
     inside a class folder) is not: such a folder was taken for a cache and skipped, its images lost and
     every later class's label moved down by one."""
     p = Path(path)
