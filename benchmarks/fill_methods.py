@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,6 +54,9 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=12)
     a = ap.parse_args()
     files = sorted(Path(a.cache).glob("shard-*"))[: a.shards]
+    if not files:
+        print(f"{a.cache}: no shard-* files; give a cache folder made by `fastdata build-cache`", file=sys.stderr)
+        raise SystemExit(2)
     total = sum(p.stat().st_size for p in files)
     methods = [("dd iflag=direct bs=8M", _dd_rate), ("WILLNEED on all, then read each", _willneed_all_then_read),
                ("populate, 1 thread", _threads(populate, 1)), ("populate, 2 threads", _threads(populate, 2)),

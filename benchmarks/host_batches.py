@@ -15,6 +15,7 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from _common import ROOT, write
 
@@ -58,7 +59,12 @@ def main() -> None:
     ap.add_argument("--variants", default="shared,private,private-populate,private-huge,private-huge-populate,code")
     ap.add_argument("--repeat", type=int, default=2)
     a = ap.parse_args()
-    subprocess.run(f"cat {a.cache}/shard-* > /dev/null", shell=True, check=True)   # into the page cache
+    shards = sorted(Path(a.cache).glob("shard-*"))
+    if not shards:
+        print(f"{a.cache}: no shard-* files; give a raw cache folder made by `fastdata build-cache`", file=sys.stderr)
+        raise SystemExit(2)
+    for p in shards:                                  # into the page cache
+        subprocess.run(["cat", str(p)], stdout=subprocess.DEVNULL, check=True)
     rows = []
     for mode in a.variants.split(",") * a.repeat:
         out = subprocess.run([sys.executable, "-c", CHILD, a.cache, mode], capture_output=True, text=True,
