@@ -114,7 +114,9 @@ class Tweaked:
         sys.setswitchinterval(self.old)
         self.loader.close()
         backend = self.loader.backend
-        print(f"decoder: {backend.hardware}; images decoded {backend.decoded}. GPU thread ms per batch (median, "
+        steer = getattr(backend, "_steer", None)
+        share = f"CPU share at close {backend._share:.2f}" + (f" ({steer.changes} steered changes)" if steer else "")
+        print(f"decoder: {backend.hardware}; images decoded {backend.decoded}; {share}. GPU thread ms per batch (median, "
               "p90): " + ", ".join(f"{k} {np.median(v):.2f} {np.percentile(v, 90):.2f}"
                                    for k, v in self.times.items() if v), flush=True)
 
@@ -167,6 +169,15 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("jpeg nvjpeg loader, default options (cpu share and processes picked from the CPUs)",
          lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg")), None),
         ("jpeg nvjpeg loader, NVJPG engines (hardware=True)", lambda: Tweaked(jpeg(hardware=True)), None),
+        ("jpeg nvjpeg loader, fixed share 1.0 (cpu_share=1.0: not steered), default processes",
+         lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg", cpu_share=1.0)), None),
+        ("jpeg dali loader, 1 pipeline, 16 threads", lambda: fd(cache=jpeg_cache, backend="dali", threads=16), None),
+        ("jpeg dali loader, 2 pipelines, 16 threads",
+         lambda: fd(cache=jpeg_cache, backend="dali", threads=16, pipelines=2), None),
+        ("jpeg dali loader, 3 pipelines, 15 threads",
+         lambda: fd(cache=jpeg_cache, backend="dali", threads=15, pipelines=3), None),
+        ("jpeg dali loader, 2 pipelines, 16 threads, hw decoder 0.65",
+         lambda: fd(cache=jpeg_cache, backend="dali", threads=16, pipelines=2, hw_decoder_load=0.65), None),
         ("jpeg nvjpeg loader, torchvision decode_jpeg (hardware=False)", lambda: Tweaked(jpeg(hardware=False)), None),
         ("jpeg nvjpeg loader, engines, pinned bytes (pinned=True)",
          lambda: Tweaked(jpeg(hardware=True, pinned=True)), None),

@@ -135,3 +135,6 @@ def test_with_a_cpu_share_every_reader_thread_gets_a_batch_to_decode():
     assert cfg(threads=14, share=1.0).read_ahead == 14
     assert cfg(threads=2, share=0.5).read_ahead == 4
     assert cfg(threads=14, share=0.5, prefetch=3).read_ahead == 3
+    # a share left to the backend (None) widens nothing here: the backend does once it has picked one, so
+    # a folder of JPEG files (share 0) reads no further ahead than without a share
+    assert cfg(threads=14, share=None).read_ahead == 4

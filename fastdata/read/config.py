@@ -177,7 +177,7 @@ class LoaderConfig:
         if self.prefetch is not None:
             return self.prefetch
         ahead = BACKEND_DEFAULTS[self.backend][1]
-        if getattr(self.options, "cpu_share", 0) != 0:     # (None: picked by the backend, mostly on)
+        if getattr(self.options, "cpu_share", None):      # (None: the backend widens it if it picks a share)
             ahead = max(ahead, self.reader_threads)
         return ahead
 

@@ -25,6 +25,7 @@ state loaded with load_state_dict() is continued where it was saved.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
@@ -213,8 +214,11 @@ class Loader:
             ent["staged"] = self.backend.stage(ent["slot"], out, len(ent["idx"]))
 
     def _wait(self, fut, batch_no: int):
+        t0 = None if fut.done() else time.perf_counter()
         try:
-            return fut.result()
+            out = fut.result()
+            self.backend.waited(0.0 if t0 is None else time.perf_counter() - t0)
+            return out
         except (CacheFormatError, LoaderError):   # they name the file and the fix already
             raise
         except Exception as e:  # a reader thread died: say which batch and why

@@ -190,3 +190,27 @@ def test_a_loader_never_closed_leaves_the_next_one_its_own_pixels(jpeg_cache):
     assert torch.ones(4, device="cuda").sum().item() == 4      # no CUDA error left behind
     assert len(second) == len(again) and all(torch.equal(a, b) for a, b in zip(second, again))
     assert not all(torch.equal(a, b) for a, b in zip(first, second))    # seed 2's crops, not seed 1's
+
+
+def test_a_share_picked_by_default_is_steered_and_one_given_is_not(jpeg_cache, monkeypatch):
+    """cpu_share=None on a host with decode processes: the backend reads a batch ahead per reader thread
+    and steers the share (share_steer.py); waits reported by the loader move images to the GPU decoder.
+    A share the user gives is not steered."""
+    from fastdata.read.backends import decode_pool, nvjpeg
+
+    monkeypatch.setattr(decode_pool, "usable_cpus", lambda: 8)      # 4 decode processes, whatever the host
+    aug = AugmentConfig(size=40, dtype="float32")
+    dl = fastdata.loader(jpeg_cache, 8, backend="nvjpeg", device="cuda", threads=6, augment=aug)
+    given = fastdata.loader(jpeg_cache, 8, backend="nvjpeg", device="cuda", threads=3, augment=aug, cpu_share=1.0)
+    try:
+        me = dl.backend
+        start = me._share
+        assert me._steer is not None and start > 0 and given.backend._steer is None
+        assert dl.cfg.read_ahead == 6        # a batch per reader thread (the default would be 4)
+        me.waited = lambda s: nvjpeg.NvjpegBackend.waited(me, s + 1.0)   # every read late by a second
+        seen = sum(len(b.labels) for _ in range(6) for b in dl)
+        assert seen and me._share < start and me._steer.changes >= 1
+        assert me.decoded["hardware"] + me.decoded["torchvision"] > 0 and me.decoded["cpu"] > 0
+    finally:
+        dl.close()
+        given.close()

@@ -36,5 +36,8 @@ class BaseBackend:
     def submitted(self, k: int) -> None:
         """Batch k of the current pass was just handed to a reader."""
 
+    def waited(self, seconds: float) -> None:
+        """The training thread waited this long for the next batch's read (0.0: it was ready)."""
+
     def close(self) -> None:
         pass

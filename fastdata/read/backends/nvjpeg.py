@@ -1,5 +1,6 @@
 """Backend nvjpeg: JPEG decode on the GPU without DALI, on the NVJPG engines where it can, with a share
-of each batch decoded by CPU processes (on by default for a JPEG cache: decode_pool.resolve_share).
+of each batch decoded by CPU processes (on by default for a JPEG cache: decode_pool.resolve_share picks
+it, share_steer.py keeps it at the most the processes sustain at the model's pace).
 
     reader threads:  encoded bytes (files, or spans of cache shards: spans.py) packed into a pinned
                      slot (options.pinned), and each baseline JPEG's size; the last options.cpu_share
@@ -30,6 +31,7 @@ import logging
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -46,6 +48,7 @@ from ..spans import EncodedBatch
 from . import BaseBackend
 from .cpu_share import cpu_count, decode_cpu, upload_planar
 from .decode_pool import DecodePool, Slot, SlotSpaceError, resolve_share
+from .share_steer import ShareSteer
 from .decode import batch_rng, draw_flips, source_attrs
 from .gpu_resize import crop_resize, pack, pack_spans
 
@@ -98,9 +101,14 @@ class NvjpegBackend(BaseBackend):
         self.decoded = {"hardware": 0, "torchvision": 0, "cpu": 0}
         pixels = mean_pixels(source) if cfg.options.cpu_share is None else None   # (a header walk: only to pick)
         self._share, procs = resolve_share(cfg.options.cpu_share, cfg.options.cpu_processes, pixels)
+        if self._share and cfg.prefetch is None:    # every reader thread a batch to decode (config.read_ahead)
+            self.cfg = cfg = replace(cfg, prefetch=max(cfg.read_ahead, cfg.reader_threads))
         self._slots: list[Slot] = []
         # forked here, before the lanes' and readers' threads start (decode_pool.py says why)
         self._procs = DecodePool(procs) if self._share and procs else None
+        # a share picked here follows the model's pace (share_steer.py); one the user gave stays
+        self._steer = (ShareSteer(self._share, settle=cfg.read_ahead + self.stage_ahead + 1)
+                       if self._procs is not None and cfg.options.cpu_share is None else None)
         log.info("nvjpeg: %.0f%% of each batch decoded on the CPU%s", 100 * self._share,
                  f" in {procs} processes" if self._procs else " in the reader threads" if self._share else "")
         self._spare = [self._new_lane()]    # the first lane now: a GPU without engines says so at once
@@ -182,7 +190,7 @@ class NvjpegBackend(BaseBackend):
                 if self.cfg.options.cpu_share is not None:   # asked for: the user's to fix
                     raise
                 log.warning("%s; the GPU decodes every image from now on", e)
-                self._share = 0.0                            # picked by default: the GPU decodes it all
+                self._share, self._steer = 0.0, None         # picked by default: the GPU decodes it all
                 return batch, sizes, None
             pixels, planar = torch.from_numpy(flat), True
         else:
@@ -199,6 +207,14 @@ class NvjpegBackend(BaseBackend):
             return None
         hw = np.array(sizes, dtype=np.int64)
         return hw[:, 0], hw[:, 1]
+
+    def begin(self, batches) -> None:
+        if self._steer is not None:     # a pass's first reads: no measure of the share (a cold start)
+            self._steer.restart()
+
+    def waited(self, seconds: float) -> None:
+        if self._steer is not None:
+            self._share = self._steer.observe(seconds)
 
     def _count(self, which: str, n: int) -> None:
         with self._lock:
