@@ -153,3 +153,15 @@ def test_the_loader_reports_how_long_the_training_thread_waited_for_each_read(ra
         dl.close()
     assert n >= 3 and len(waits) >= n and all(w >= 0.0 for w in waits)   # (staged ahead: into the next epoch)
     assert waits[2] > 0.0
+
+
+def test_a_model_that_slows_down_gets_the_whole_share_back_quickly():
+    """After a long run at the processes' limit (rises there kept turning out late, so a rise waits up
+    to `patience` clean windows), a slower model gets the whole share back within 800 batches: once a
+    rise is followed by a clean window, the next rise needs one clean window again."""
+    clock = FakeClock()
+    steer = ShareSteer(1.0, settle=10, clock=clock)
+    simulate(steer, clock, cpu=18_500, model=30_000, batches=4000)
+    low = steer.share
+    trace = simulate(steer, clock, cpu=18_500, model=10_000, batches=800)
+    assert low < 0.7 and trace[-1][0] == 1.0 and sum(w for _, w in trace) == 0.0

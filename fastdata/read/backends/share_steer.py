@@ -38,7 +38,8 @@ class ShareSteer:
 
     A rise that turns out late doubles the clean windows the next rise waits for (to `patience`), so
     at the processes' limit the share mostly stays just under it instead of stepping over it every
-    other window; a late window after no rise (the model got faster) leaves that wait as it is."""
+    other window; a rise followed by a clean window (the limit moved: a slower model, an evaluation)
+    lets the next rise come after one clean window again."""
 
     def __init__(self, share: float, settle: int, cfg: SteerConfig = SteerConfig(), clock=time.perf_counter):
         self.cfg, self.share, self.settle, self.clock = cfg, float(share), settle, clock
@@ -71,7 +72,9 @@ class ShareSteer:
             if self._rose:
                 self._wait_windows = min(c.patience, 2 * self._wait_windows)
             self._rose, self._clean = False, 0
-        elif self._waited == 0.0:   # they keep up: a larger share, once enough windows say so
+        elif lost <= c.late / 10:   # they keep up: a larger share, once enough windows say so
+            if self._rose:          # ... and the last rise was right: the next may come as soon
+                self._wait_windows = 1
             self._rose, self._clean = False, self._clean + 1
             if self._clean >= self._wait_windows and old < c.ceiling:
                 self.share, self._rose, self._clean = min(c.ceiling, old + c.step), True, 0
