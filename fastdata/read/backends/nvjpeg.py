@@ -306,6 +306,9 @@ class NvjpegBackend(BaseBackend):
             if lane["hw"] is not None:
                 lane["hw"].close()
         self._lanes = []
+        if self._steer is not None and self._steer.changes:
+            log.info("nvjpeg: CPU share steered to %.2f (%d changes); images decoded %s", self._share,
+                     self._steer.changes, self.decoded)
         if self._procs is not None:
             self._procs.close()
         if self._slots:
