@@ -171,6 +171,8 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("jpeg nvjpeg loader, NVJPG engines (hardware=True)", lambda: Tweaked(jpeg(hardware=True)), None),
         ("jpeg nvjpeg loader, fixed share 1.0 (cpu_share=1.0: not steered), default processes",
          lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg", cpu_share=1.0)), None),
+        ("jpeg nvjpeg loader, fixed share 1.0 in 8 processes (cpu_processes=8)",
+         lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg", cpu_share=1.0, cpu_processes=8)), None),
         ("jpeg dali loader, 1 pipeline, 16 threads", lambda: fd(cache=jpeg_cache, backend="dali", threads=16), None),
         ("jpeg dali loader, 2 pipelines, 16 threads",
          lambda: fd(cache=jpeg_cache, backend="dali", threads=16, pipelines=2), None),

@@ -208,10 +208,6 @@ class NvjpegBackend(BaseBackend):
         hw = np.array(sizes, dtype=np.int64)
         return hw[:, 0], hw[:, 1]
 
-    def begin(self, batches) -> None:
-        if self._steer is not None:     # a pass's first reads: no measure of the share (a cold start)
-            self._steer.restart()
-
     def waited(self, seconds: float) -> None:
         if self._steer is not None:
             self._share = self._steer.observe(seconds)
