@@ -76,7 +76,7 @@ def decoding(jpeg: Path, processes: int, threads: int, n: int, counted: list):
     src = EncodedSource(jpeg)
     batch = src.get_spans(np.arange(n))
     h, w = batch.baseline_sizes()
-    pool = DecodePool(processes)
+    pool = DecodePool(processes, threads)
 
     def start(stop):
         def work():

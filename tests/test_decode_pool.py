@@ -336,3 +336,31 @@ def test_a_default_share_without_slot_room_goes_back_to_the_gpu(jpeg_cache, aske
         return
     gpu, got, cpu = NvjpegBackend._split(me, batch, idx, sizes, None, {"shared": Slot()})
     assert cpu is None and len(gpu) == 6 and got is sizes and me._share == 0.0
+
+
+@pytest.mark.parametrize("processes,readers,per_batch", [(12, 8, 3), (12, 1, 12), (2, 8, 2), (4, 4, 2), (1, 8, 1)])
+def test_a_batch_is_cut_into_as_few_tasks_as_keep_the_processes_busy(processes, readers, per_batch):
+    """Each task costs the loader's process a pickle and executor-thread work with the GIL held: a batch
+    goes out in one task more than processes / readers (every reader thread has a batch in flight),
+    not one per process."""
+    from fastdata.read.backends.decode_pool import tasks_per_batch
+
+    assert tasks_per_batch(processes, readers) == per_batch
+    assert tasks_per_batch(processes, readers) * readers >= processes
+
+
+def test_the_pool_sends_a_batch_in_per_batch_tasks_and_still_decodes_it_whole():
+    p = DecodePool(3, readers=3)
+    sizes = [(30, 40), (9, 17), (12, 12), (33, 8)] * (2 * MIN_TASK)
+    jpegs = [_jpeg(w, h, k) for k, (h, w) in enumerate(sizes)]
+    h, w = np.array([s[0] for s in sizes]), np.array([s[1] for s in sizes])
+    sent, submit = [], p._pool.submit
+    p._pool.submit = lambda *a: sent.append(a) or submit(*a)
+    slot = Slot()
+    try:
+        flat = p.decode(slot, _batch(jpegs), h, w, str)
+        assert p.per_batch == 2 and len(sent) == 2     # 3 processes, 3 readers: 2 tasks, not 3
+        assert np.array_equal(flat, np.concatenate([_planar(j) for j in jpegs]))
+    finally:
+        slot.close()
+        p.close()

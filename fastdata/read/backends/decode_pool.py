@@ -166,11 +166,24 @@ def resolve_share(share: float | None, processes: int | None, pixels: float | No
     return float(share), (processes if share else 0)
 
 
-class DecodePool:
-    """`processes` forked decoders; decode() runs in any reader thread."""
+def tasks_per_batch(processes: int, readers: int) -> int:
+    """Tasks a batch is cut into: with `readers` batches in flight, enough to keep `processes` busy,
+    and one more so that a task finishing late leaves no process idle."""
+    return max(1, min(processes, -(-processes // max(1, readers)) + 1))
 
-    def __init__(self, processes: int) -> None:
+
+class DecodePool:
+    """`processes` forked decoders; decode() runs in any reader thread.
+
+    A batch is cut into as few tasks as keep every process busy while `readers` reader threads each
+    have a batch in flight (one more than processes / readers), not one per process: each task costs
+    the loader's process ~85 us of pickling and executor-thread work, GIL held, and 12 tasks a batch
+    made the pool's share of the loader's CPU 2.2-2.8 ms a batch of 256 against 1.3 ms with 3
+    (CPU box, 64 px images)."""
+
+    def __init__(self, processes: int, readers: int = 1) -> None:
         self.processes = processes
+        self.per_batch = tasks_per_batch(processes, readers)
         self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"),
                                          initializer=_worker_init)
         list(self._pool.map(_ready, range(processes)))  # every worker forked now, before the loader's threads
@@ -186,7 +199,7 @@ class DecodePool:
         packed = batch.packed(buf[:n_in])
         outs = n_in + np.cumsum(sizes) - sizes
         table = np.stack([packed.starts, lens, outs, heights, widths], axis=1).astype(np.int64)
-        tasks = max(1, min(self.processes, len(batch) // MIN_TASK))
+        tasks = max(1, min(self.per_batch, len(batch) // MIN_TASK))
         bounds = np.linspace(0, len(batch), tasks + 1).astype(int).tolist()
         try:
             futs = [self._pool.submit(decode_task, slot.path, slot.size, table[lo:hi].tobytes())

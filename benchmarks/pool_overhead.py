@@ -1,0 +1,94 @@
+"""What the CPU share's decode processes cost the loader's own process, per batch.
+
+    python benchmarks/pool_overhead.py [--processes 12] [--readers 8] [--batch 256] [--seconds 6]
+
+The decode processes take no GIL from the training process, but handing them work does: each task
+is pickled and passes the executor's feeder and management threads, GIL held. A launch-bound
+training thread (resnet18 on an H100) waits for the GIL behind them. `readers` threads hand batches
+to a DecodePool flat out, as the nvjpeg backend's reader threads do, once with one task per process
+(the old split, tasks_per_batch(p, 1) = p) and once with decode_pool.tasks_per_batch(p, readers); the
+table gives the loader process's CPU seconds (process_time: the decode processes are not in it) per
+batch, and the images decoded a second. A JPEG cache of 256 px images is built from the bundled
+photos first.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _common import write
+
+
+def make_cache(work: Path) -> Path:
+    from fastdata.cache.build import BuildConfig, build_cache
+    from fastdata.sample import make_image_folder
+
+    src, cache = work / "src", work / "jpeg256"
+    make_image_folder(src, 40, workers=2)
+    build_cache(BuildConfig(src=str(src), dest=str(cache), size=256, encode="jpeg", progress=False))
+    return cache
+
+
+def run(cache: Path, processes: int, readers: int, per_batch_readers: int, n: int, seconds: float) -> dict:
+    from fastdata.read.backends.decode_pool import DecodePool, Slot
+    from fastdata.read.encoded import EncodedSource
+
+    src = EncodedSource(cache)
+    batch = src.get_spans(np.arange(n) % len(src), sizes=True)
+    h, w = batch.baseline_sizes()
+    pool = DecodePool(processes, per_batch_readers)
+    done, stop = [], threading.Event()
+
+    def work():
+        slot = Slot()
+        while not stop.is_set():
+            pool.decode(slot, batch, h, w, str)
+            done.append(1)
+        slot.close()
+
+    pool.decode(Slot(), batch, h, w, str)     # every process warm
+    threads = [threading.Thread(target=work) for _ in range(readers)]
+    c0, t0 = time.process_time(), time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    pool.close()
+    k = len(done)
+    return {"tasks a batch": pool.per_batch, "batches": k, "img/s": k * n / wall,
+            "loader CPU ms a batch": cpu / max(k, 1) * 1e3}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--processes", type=int, default=12)
+    ap.add_argument("--readers", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cache", default=None, help="a JPEG cache to read (default: built from the sample photos)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    cache = Path(a.cache) if a.cache else make_cache(Path(tempfile.mkdtemp(prefix="fastdata-pool-")))
+    rows = []
+    for rnd in range(a.rounds):
+        for name, per in (("one task per process (before)", 1), ("tasks_per_batch (now)", a.readers)):
+            r = {"split": name, "round": rnd, **run(cache, a.processes, a.readers, per, a.batch, a.seconds)}
+            print(r, flush=True)
+            rows.append(r)
+    write("pool-overhead", rows, ["split", "round", "tasks a batch", "batches", "img/s", "loader CPU ms a batch"],
+          f"{a.processes} decode processes, {a.readers} reader threads, batches of {a.batch} 256 px cache JPEGs, "
+          f"{a.seconds:.0f} s a row, rows alternating. Rerun: `python benchmarks/pool_overhead.py --processes "
+          f"{a.processes} --readers {a.readers}`.", Path(a.out) if a.out else None)
+
+
+if __name__ == "__main__":
+    main()
