@@ -104,3 +104,20 @@ def data_args(per_class: int = 100, size: int = 224, seconds: float = 5.0, batch
     ap.add_argument("--seconds", type=float, default=seconds)
     ap.add_argument("--batch-size", type=int, default=batch_size)
     return ap
+
+
+def flat_out(work, threads: int, seconds: float) -> float:
+    """Run work(k, stop) in `threads` threads (k = 0..threads-1) until `seconds` have passed and stop is
+    set; the wall seconds they ran."""
+    import threading
+
+    stop = threading.Event()
+    pool = [threading.Thread(target=work, args=(k, stop), daemon=True) for k in range(threads)]
+    t0 = time.perf_counter()
+    for t in pool:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in pool:
+        t.join()
+    return time.perf_counter() - t0

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import drain, peak_rss_mb, write
+from _common import drain, flat_out, peak_rss_mb, write
 
 ROWS = ["pil-dataloader", "pil-dataloader-autotuned", "dataloader-cachedataset", "loader-raw-uint8",
         "loader-raw-gpu-augment", "loader-jpeg", "gather-ceiling"]
@@ -80,7 +80,6 @@ def gather_ceiling(raw: Path, bs: int, seconds: float, threads: int, pin: bool) 
     """img/s that `threads` threads reach gathering random sorted batches from the raw cache into their
     own reused (pinned) slots with the loader's own fill_batch, and nothing else: no order, no ring,
     no copy. The reading ceiling of this machine; a loader row far below it loses time elsewhere."""
-    import threading
 
     import numpy as np
     import torch
@@ -89,9 +88,9 @@ def gather_ceiling(raw: Path, bs: int, seconds: float, threads: int, pin: bool) 
     from fastdata.read.reader import open_cache
 
     cache = open_cache(raw)
-    n, counts, stop = len(cache), [0] * threads, threading.Event()
+    n, counts = len(cache), [0] * threads
 
-    def work(k: int) -> None:
+    def work(k: int, stop) -> None:
         rng = np.random.default_rng(k)
         slot = {"images": torch.empty((bs, *cache.sample_shape), dtype=torch.uint8, pin_memory=pin),
                 "labels": torch.empty(bs, dtype=torch.int64, pin_memory=pin)}
@@ -99,15 +98,8 @@ def gather_ceiling(raw: Path, bs: int, seconds: float, threads: int, pin: bool) 
             fill_batch(cache, np.sort(rng.choice(n, bs, replace=False)), slot)
             counts[k] += bs
 
-    pool = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(threads)]
-    t0 = time.perf_counter()
-    for t in pool:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in pool:
-        t.join()
-    return sum(counts) / (time.perf_counter() - t0)
+    wall = flat_out(work, threads, seconds)      # (before the sum: the threads fill counts)
+    return sum(counts) / wall
 
 
 def run_one(row: str, a) -> dict:

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from _common import write
+from _common import flat_out, write
 
 
 def make_cache(work: Path) -> Path:
@@ -42,25 +41,21 @@ def run(cache: Path, processes: int, readers: int, per_batch_readers: int, n: in
     batch = src.get_spans(np.arange(n) % len(src), sizes=True)
     h, w = batch.baseline_sizes()
     pool = DecodePool(processes, per_batch_readers)
-    done, stop = [], threading.Event()
+    done = []
 
-    def work():
+    def work(_k, stop):
         slot = Slot()
         while not stop.is_set():
             pool.decode(slot, batch, h, w, str)
             done.append(1)
         slot.close()
 
-    pool.decode(Slot(), batch, h, w, str)     # every process warm
-    threads = [threading.Thread(target=work) for _ in range(readers)]
-    c0, t0 = time.process_time(), time.perf_counter()
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    warm = Slot()
+    pool.decode(warm, batch, h, w, str)     # every process forked and warm before the clock
+    warm.close()
+    c0 = time.process_time()
+    wall = flat_out(work, readers, seconds)
+    cpu = time.process_time() - c0
     pool.close()
     k = len(done)
     return {"tasks a batch": pool.per_batch, "batches": k, "img/s": k * n / wall,
