@@ -101,7 +101,7 @@ def test_batches_in_flight_at_a_change_are_not_counted():
     assert steer.share == share
 
 
-def test_the_backend_steers_only_a_share_it_picked(jpeg_cache, monkeypatch):
+def test_the_backend_steers_only_a_share_it_picked():
     """cpu_share=None with decode processes: waits the loader reports lower the share the readers split
     with; a share the user gave stays."""
     from fastdata.read.backends.nvjpeg import NvjpegBackend

@@ -54,7 +54,6 @@ _PROT_NONE, _PROT_READ, _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANON, _MAP_N
 
 
 @functools.lru_cache(maxsize=1)
-@functools.lru_cache(maxsize=1)
 def _libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
@@ -67,6 +66,16 @@ def _libc():
 def madvise(address: int, size: int, advice: int) -> bool:
     """madvise(2) over [address, address + size): whether the kernel took the advice."""
     return _libc().madvise(address, size, advice) == 0
+
+
+def advise_mapping(m, size: int, advice: int) -> bool:
+    """madvise(2) over the first size bytes of Python mapping m (an mmap.mmap): its address through a
+    numpy view, let go before return so that m can still be closed."""
+    view = np.frombuffer(m, dtype=np.uint8)
+    try:
+        return madvise(view.ctypes.data, size, advice)
+    finally:
+        del view
 
 
 def gather(table, idx: np.ndarray, images: np.ndarray) -> None:

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .gather import madvise
+from .gather import advise_mapping, madvise
 
 WINDOW_SHARE = 0.3      # of the budget: the samples shuffled together
 AHEAD_SHARE = 0.3       # of the budget: shards announced ahead of the batch being read
@@ -54,10 +54,7 @@ def populate(path) -> bool:
             return True
         m = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
     try:
-        view = np.frombuffer(m, dtype=np.uint8)
-        ok = madvise(view.ctypes.data, size, _MADV_POPULATE_READ)
-        del view
-        return ok
+        return advise_mapping(m, size, _MADV_POPULATE_READ)
     finally:
         m.close()
 

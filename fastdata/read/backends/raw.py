@@ -24,7 +24,7 @@ from ...errors import LoaderError
 from ..augment import apply_plan, batch_seed
 from ..crop import PLAN_COLUMNS, draw_plan
 from ..fill import fill_batch, fill_packed, shard_ids
-from ..gather import madvise
+from ..gather import advise_mapping
 from ..reader import Cache
 from ..stream import Streamer, stream_window
 from . import BaseBackend
@@ -42,9 +42,7 @@ def _host_images(shape) -> torch.Tensor:
     n = max(1, int(np.prod(shape)))
     buf = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if n >= _HUGE_PAGE:
-        view = np.frombuffer(buf, dtype=np.uint8)
-        madvise(view.ctypes.data, n, _MADV_HUGEPAGE)     # a hint: refused where THP is off
-        del view
+        advise_mapping(buf, n, _MADV_HUGEPAGE)     # a hint: refused where THP is off
     return torch.frombuffer(buf, dtype=torch.uint8).view(shape)
 
 
