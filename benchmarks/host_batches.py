@@ -20,9 +20,10 @@ from pathlib import Path
 from _common import ROOT, write
 
 CHILD = r"""
-import ctypes, json, mmap, resource, sys, time
+import json, mmap, resource, sys, time
 import numpy as np, torch, fastdata
 from fastdata.read.backends import raw
+from fastdata.read.gather import advise_mapping
 mode = sys.argv[2]
 
 def host_images(shape):
@@ -30,12 +31,9 @@ def host_images(shape):
     flags = mmap.MAP_ANONYMOUS | (mmap.MAP_SHARED if mode == "shared" else mmap.MAP_PRIVATE)
     buf = mmap.mmap(-1, n, flags=flags | (mmap.MAP_POPULATE if mode == "private-populate" else 0))
     if "huge" in mode:
-        a = np.frombuffer(buf, dtype=np.uint8)
-        libc = ctypes.CDLL(None)
-        libc.madvise(ctypes.c_void_p(a.ctypes.data), ctypes.c_size_t(n), 14)           # MADV_HUGEPAGE
+        advise_mapping(buf, n, raw._MADV_HUGEPAGE)
         if mode.endswith("populate"):
-            libc.madvise(ctypes.c_void_p(a.ctypes.data), ctypes.c_size_t(n), 23)       # MADV_POPULATE_WRITE
-        del a
+            advise_mapping(buf, n, 23)       # MADV_POPULATE_WRITE
     return torch.frombuffer(buf, dtype=torch.uint8).view(shape)
 
 if mode == "code":
