@@ -14,6 +14,7 @@ photos first.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +32,21 @@ def make_cache(work: Path) -> Path:
     make_image_folder(src, 40, workers=2)
     build_cache(BuildConfig(src=str(src), dest=str(cache), size=256, encode="jpeg", progress=False))
     return cache
+
+
+def check_jpeg_cache(cache: Path) -> None:
+    """--cache must be a JPEG cache (its baseline sizes are what the pool is handed): else one line, exit 2."""
+    from fastdata.errors import FastdataError
+    from fastdata.read.encoded import EncodedSource
+
+    try:
+        kind = EncodedSource(cache).kind
+    except FastdataError as e:
+        kind = str(e)
+    if kind != "cache-jpeg":
+        print(f"{cache}: not a JPEG cache ({kind}); give one made by `fastdata build-cache SRC DEST --encode jpeg`, "
+              f"or leave --cache out to build one from the sample photos", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def run(cache: Path, processes: int, readers: int, per_batch_readers: int, n: int, seconds: float) -> dict:
@@ -73,6 +89,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     cache = Path(a.cache) if a.cache else make_cache(Path(tempfile.mkdtemp(prefix="fastdata-pool-")))
+    if a.cache:
+        check_jpeg_cache(cache)
     rows = []
     for rnd in range(a.rounds):
         for name, per in (("one task per process (before)", 1), ("tasks_per_batch (now)", a.readers)):
