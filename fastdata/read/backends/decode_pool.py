@@ -177,7 +177,7 @@ class DecodePool:
 
     A batch is cut into as few tasks as keep every process busy while `readers` reader threads each
     have a batch in flight (one more than processes / readers), not one per process: each task costs
-    the loader's process ~85 us of pickling and executor-thread work, GIL held. 12 processes and 8
+    the loader's process pickling and executor-thread work, GIL held. 12 processes and 8
     readers on the CPU box: 6.9-8.5 ms of the loader's CPU a batch of 256 with 12 tasks against 3.8-5.1 ms
     with 3, at the same decode rate (benchmarks/pool_overhead.py, pool-overhead-cpu2-2026-12-07.md)."""
 
