@@ -17,6 +17,7 @@ contention. The variants say which kind, each against the same compiled loop on 
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -121,6 +122,32 @@ class Tweaked:
                                    for k, v in self.times.items() if v), flush=True)
 
 
+def worker_cpus(free_cores: int) -> set[int]:
+    """The usable CPUs less every CPU of the last `free_cores` cores (a core's hyperthreads together)."""
+    cores: dict[str, set[int]] = {}
+    for c in sorted(os.sched_getaffinity(0)):
+        try:
+            key = Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list").read_text().strip()
+        except OSError:
+            key = str(c)
+        cores.setdefault(key, set()).add(c)
+    kept = list(cores.values())[:max(1, len(cores) - free_cores)]
+    return set().union(*kept)
+
+
+class Confined(Tweaked):
+    """A loader whose decode processes may run only off `free_cores` whole cores, which the scheduler
+    then gives the training thread (and the loader's threads): does a decoder on the training thread's
+    core, or its hyperthread sibling, slow the launches?"""
+
+    def __init__(self, loader, free_cores: int = 2) -> None:
+        cpus = worker_cpus(free_cores)
+        for pid in loader.backend._procs._pool._processes:
+            os.sched_setaffinity(pid, cpus)
+        print(f"decode processes confined to CPUs {sorted(cpus)}", flush=True)
+        super().__init__(loader)
+
+
 class PilShare(Tweaked):
     """A loader whose CPU share is decoded by PIL instead of torchvision (cpu_share.DECODER), restored on close."""
 
@@ -168,6 +195,10 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
         ("jpeg nvjpeg loader, default options (cpu share and processes picked from the CPUs)",
          lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg")), None),
+        ("jpeg nvjpeg loader, default options, decode processes confined off 2 cores",
+         lambda: Confined(fd(cache=jpeg_cache, backend="nvjpeg")), None),
+        ("jpeg nvjpeg loader, default options, decode processes confined off 4 cores",
+         lambda: Confined(fd(cache=jpeg_cache, backend="nvjpeg"), free_cores=4), None),
         ("jpeg nvjpeg loader, NVJPG engines (hardware=True)", lambda: Tweaked(jpeg(hardware=True)), None),
         ("jpeg nvjpeg loader, fixed share 1.0 (cpu_share=1.0: not steered), default processes",
          lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg", cpu_share=1.0)), None),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import sys
 import tempfile
 import time
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from _common import write
+from _common import cpu_model, write
 from models import SyntheticBatches, forever, make_data, make_model
 
 log = logging.getLogger("host_probe")
@@ -52,14 +53,27 @@ def loop(model, opt, batches, seconds: float, warmup: int = 15, images_of=None) 
     torch.cuda.synchronize()
     t_next = t_rest = 0.0
     n = steps = 0
-    cpu0, t0 = time.thread_time(), time.perf_counter()
+    sched0, cpu0, t0 = _sched(), time.thread_time(), time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         n += step()
         steps += 1
     torch.cuda.synchronize()
     wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
+    runq, preempted = (b - a for a, b in zip(sched0, _sched()))
     return {"img/s": n / wall, "ms/step": wall / steps * 1e3, "next() ms": t_next / steps * 1e3,
-            "launch ms": t_rest / steps * 1e3, "main cpu ms": cpu / steps * 1e3, "graphs": _graphs()}
+            "launch ms": t_rest / steps * 1e3, "main cpu ms": cpu / steps * 1e3,
+            "runq ms": runq / steps * 1e3, "preempted": preempted / steps, "graphs": _graphs()}
+
+
+def _sched() -> tuple[float, int]:
+    """This thread's time runnable but waiting for a CPU (s, /proc/thread-self/schedstat; nan where the
+    kernel lacks it) and its involuntary context switches: the share of a slow step due to the host's
+    CPUs being taken (by decode processes), as against the GIL or the GPU, which are voluntary waits."""
+    try:
+        waited = int(open("/proc/thread-self/schedstat").read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        waited = float("nan")
+    return waited, resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
 
 
 def _graphs() -> int:
@@ -93,6 +107,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--per-class", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--size", type=int, default=224, help="training resolution (the crop's side): a lower one "
+                    "makes the model faster than the loader's decode processes")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=1, help="run the variants this many times, alternating")
@@ -115,10 +131,11 @@ def main() -> None:
     model = make_model(a.model).to(dev, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model = torch.compile(model)
-    syn = SyntheticBatches(bs, dev)
+    syn = SyntheticBatches(bs, dev, a.size)
 
     def fd(cache=raw, **kw):
-        aug = kw.pop("augment", AugmentConfig(size=224, dtype="bfloat16", kernel=kw.pop("kernel", "auto")))
+        aug = kw.pop("augment", AugmentConfig(size=a.size, dtype="bfloat16",
+                                                  kernel=kw.pop("kernel", "auto")))
         return fastdata.loader(cache, bs, device="cuda", augment=aug, drop_last=True, **{"threads": 8, **kw})
 
     if a.jpeg:
@@ -159,12 +176,16 @@ def raw_variants(fd, syn, bs: int) -> list:
 
 
 def _write(a, bs: int, runs: dict[str, list[dict]], done: int) -> None:
-    cols = ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms", "main cpu ms", "graphs"]
+    cols = ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms", "main cpu ms", "runq ms",
+            "preempted", "graphs"]
+    flags = "".join([f" --rounds {a.rounds}" if a.rounds > 1 else "", " --jpeg" if a.jpeg else "",
+                     f" --size {a.size}" if a.size != 224 else "", f" --only '{a.only}'" if a.only else ""])
     write(f"host-probe-{a.model}{'-jpeg' if a.jpeg else ''}", summarise(runs),
           cols + (["per-round ratio"] if done > 1 else []),
-          f"{a.model}, batch {bs}, bf16, compile default, plain loop; {a.seconds:.0f} s per row, {done} of {a.rounds} "
-          f"round(s), variants alternating; medians. Rerun: `python benchmarks/host_probe.py --model {a.model}"
-          f"{f' --rounds {a.rounds}' if a.rounds > 1 else ''}{' --jpeg' if a.jpeg else ''}{f' --only {a.only}' if a.only else ''}`.",
+          f"{cpu_model()}. {a.model}, batch {bs}, {a.size} px, bf16, compile default, plain loop; "
+          f"{a.seconds:.0f} s per row, {done} of {a.rounds} round(s), variants alternating; medians. runq ms: the "
+          f"main thread's time runnable but off a CPU a step; preempted: its involuntary switches a step. "
+          f"Rerun: `python benchmarks/host_probe.py --model {a.model}{flags}`.",
           Path(a.out) if a.out else None)
 
 

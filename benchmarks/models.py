@@ -49,8 +49,8 @@ def make_model(name: str) -> torch.nn.Module:
 class SyntheticBatches:
     """One bf16 channels_last batch on the device, handed out forever: the loader can never be late."""
 
-    def __init__(self, bs: int, device: torch.device) -> None:
-        self.x = torch.randn(bs, 3, 224, 224, device=device).to(torch.bfloat16).contiguous(
+    def __init__(self, bs: int, device: torch.device, size: int = 224) -> None:
+        self.x = torch.randn(bs, 3, size, size, device=device).to(torch.bfloat16).contiguous(
             memory_format=torch.channels_last)
         self.y = torch.randint(0, 100, (bs,), device=device)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import write
+from _common import cpu_model, write
 from host_probe import loop
 from models import SyntheticBatches, forever, make_data, make_model
 
@@ -132,10 +132,11 @@ def main() -> None:
     ap.add_argument("--per-class", type=int, default=1000)
     ap.add_argument("--processes", type=int, default=12)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--work", default=None, help="folder for the data (kept; reused when present)")
     a = ap.parse_args()
     a.jpeg_backends, bs, dev = "nvjpeg", 256, torch.device("cuda")
     torch.backends.cudnn.benchmark = True
-    _, raw = make_data(a, Path(tempfile.mkdtemp(prefix="fastdata-share-")))
+    _, raw = make_data(a, Path(a.work or tempfile.mkdtemp(prefix="fastdata-share-")))
     jpeg = raw.with_name("jpeg256")
     model = torch.compile(make_model(a.model).to(dev, memory_format=torch.channels_last))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -182,8 +183,8 @@ def main() -> None:
     finally:
         loader.close()
     write(f"share-probe-{a.model}", rows, ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms",
-                                         "main cpu ms", "decoded img/s"],
-          f"{a.model}, batch 256, bf16, compiled, plain loop, {a.seconds:.0f} s a row. Rerun: `python "
+                                         "main cpu ms", "runq ms", "preempted", "decoded img/s"],
+          f"{cpu_model()}. {a.model}, batch 256, bf16, compiled, plain loop, {a.seconds:.0f} s a row. Rerun: `python "
           f"benchmarks/share_probe.py --model {a.model} --processes {p}`.\n\n# profile of the fed share-1.0 loader\n"
           + prof, Path(a.out) if a.out else None)
 
