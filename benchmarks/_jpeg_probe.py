@@ -148,6 +148,20 @@ class Confined(Tweaked):
         super().__init__(loader)
 
 
+class Niced(Tweaked):
+    """A loader made while decode_pool.DECODE_NICE is `nice` (read when its pool is made), restored after."""
+
+    def __init__(self, make, nice: int) -> None:
+        from fastdata.read.backends import decode_pool
+
+        was, decode_pool.DECODE_NICE = decode_pool.DECODE_NICE, nice
+        try:
+            loader = make()
+        finally:
+            decode_pool.DECODE_NICE = was
+        super().__init__(loader)
+
+
 class PilShare(Tweaked):
     """A loader whose CPU share is decoded by PIL instead of torchvision (cpu_share.DECODER), restored on close."""
 
@@ -195,6 +209,8 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
         ("jpeg nvjpeg loader, default options (cpu share and processes picked from the CPUs)",
          lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg")), None),
+        ("jpeg nvjpeg loader, default options but decode processes at nice 0 (before)",
+         lambda: Niced(lambda: fd(cache=jpeg_cache, backend="nvjpeg"), 0), None),
         ("jpeg nvjpeg loader, default options, decode processes confined off 2 cores",
          lambda: Confined(fd(cache=jpeg_cache, backend="nvjpeg")), None),
         ("jpeg nvjpeg loader, default options, decode processes confined off 4 cores",

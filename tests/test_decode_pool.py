@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 from PIL import Image
 
 from fastdata.errors import LoaderError
-from fastdata.read.backends.decode_pool import MIN_TASK, DecodePool, Slot
+from fastdata.read.backends.decode_pool import DECODE_NICE, MIN_TASK, DecodePool, Slot
 from fastdata.read.config import split_options
 from fastdata.read.spans import EncodedBatch
 from helpers import random_jpeg as _jpeg
@@ -364,3 +365,22 @@ def test_the_pool_sends_a_batch_in_per_batch_tasks_and_still_decodes_it_whole():
     finally:
         slot.close()
         p.close()
+
+
+@pytest.mark.parametrize("nice", [DECODE_NICE, 0])
+def test_decode_processes_run_at_the_pools_niceness_and_the_loader_keeps_its_own(nice):
+    """Where decoders and the training thread share the CPUs, the scheduler must favour the training
+    thread (decode_priority.py): each worker is niced by `nice` (at most 19), the loader's process is not."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    p = DecodePool(2, nice=nice)
+    want, deadline = [min(19, own + nice)] * 2, time.monotonic() + 60
+    try:
+        while True:     # all forked by __init__; a worker not yet given a task may not have run its initializer
+            seen = [os.getpriority(os.PRIO_PROCESS, pid) for pid in p._pool._processes]
+            if seen == want or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        p.close()
+    assert seen == want
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own

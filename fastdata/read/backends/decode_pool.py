@@ -15,6 +15,8 @@ Workers are forked when the backend is made, before the loader's threads start, 
 DataLoader forks its workers: spawn and forkserver re-import the training script, which runs the
 training again where it lacks `if __name__ == "__main__"`. A worker touches neither CUDA nor torch;
 it decodes with PIL (libjpeg-turbo) and says which image failed and why, for the loader to name.
+Workers run at a lower priority (DECODE_NICE): where the host's CPUs are all busy, the training
+thread's launches come first.
 """
 from __future__ import annotations
 
@@ -41,6 +43,12 @@ RESERVED_CPUS = 4      # left to the training thread, the GPU thread, the reader
 FULL_SHARE = 12        # decode processes that took every image (share 1.0) beside resnet18 on an H100 host:
                        # ~1.5k img/s each (share-probe-resnet18-H100-80GB-HBM3-2026-12-07.md: 12 gave 18.5k)
 REF_PIXELS = 256 * 256  # ... of the images of that run's cache (build-cache --encode jpeg --size 256)
+DECODE_NICE = 10        # added to the decode processes' niceness: a CPU they share with the training thread goes
+                        # to the training thread (a launch waiting for a CPU idles the GPU; a late decode only
+                        # hands its share back to the GPU, share_steer.py). 12 processes on the 2-core CPU box
+                        # left a launching thread 13-18% of its pace at nice 0, 86-92% at 10, 89-104% at 19
+                        # (decode-priority-cpu2-2026-12-07.md). Threads are not niced: one holding the GIL
+                        # while descheduled would stall the training thread behind it
 _ALIGN = 4096
 _MAPS: dict[str, tuple[int, mmap.mmap]] = {}    # worker: the slots it has mapped, by path
 _MAX_MAPS = 64
@@ -113,8 +121,13 @@ def _release(path: str, token, _mapping) -> None:
         pass
 
 
-def _worker_init() -> None:
+def _worker_init(nice: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the loader's to handle, not 16 tracebacks
+    if nice > 0:
+        try:
+            os.nice(nice)
+        except OSError:     # a lower priority is always allowed; a sandbox that forbids it costs only the priority
+            pass
 
 
 def _ready(_k: int = 0) -> int:
@@ -181,11 +194,11 @@ class DecodePool:
     readers on the CPU box: 6.9-8.5 ms of the loader's CPU a batch of 256 with 12 tasks against 3.8-5.1 ms
     with 3, at the same decode rate (benchmarks/pool_overhead.py, pool-overhead-cpu2-2026-12-07.md)."""
 
-    def __init__(self, processes: int, readers: int = 1) -> None:
-        self.processes = processes
+    def __init__(self, processes: int, readers: int = 1, nice: int | None = None) -> None:
+        self.processes, nice = processes, DECODE_NICE if nice is None else nice
         self.per_batch = tasks_per_batch(processes, readers)
         self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"),
-                                         initializer=_worker_init)
+                                         initializer=_worker_init, initargs=(nice,))
         list(self._pool.map(_ready, range(processes)))  # every worker forked now, before the loader's threads
 
     def decode(self, slot: Slot, batch: EncodedBatch, heights: np.ndarray, widths: np.ndarray,

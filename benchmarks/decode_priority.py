@@ -1,0 +1,111 @@
+"""Whether the CPU share's decode processes should yield the CPUs to the training thread.
+
+    python benchmarks/decode_priority.py [--processes 12] [--readers 8] [--nice 0,5,10,19] [--seconds 5]
+
+The nvjpeg backend's default share runs 12 decode processes beside a training thread that launches
+kernels: once the host's CPUs are all busy (12 processes, 8 reader threads, the GPU thread and the
+training thread on 16 CPUs), the scheduler shares a CPU between the training thread and a decoder, and
+every millisecond it waits for one is a millisecond of the GPU idle. The decoders' work can wait
+(the steer gives their share back to the GPU when they fall behind); the launches cannot. Here the main
+thread stands in for the training thread (tiny torch ops in a loop, GIL held as a launch holds it)
+while `readers` threads hand batches to a DecodePool flat out, its processes at each niceness in turn.
+Reported: the main thread's ops/s against alone, and the images decoded a second. Rows alternate over
+rounds; the JPEG cache of 256 px images is built from the bundled photos (or --cache).
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from _common import cpu_model, write
+from pool_overhead import check_jpeg_cache, make_cache
+
+
+def ops(seconds: float) -> float:
+    """Tiny torch ops a second in this thread: each holds the GIL and a CPU for microseconds, as a
+    launch does."""
+    x = torch.zeros(8)
+    t0, n = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        x.add_(1)
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def beside_pool(cache: Path, processes: int, readers: int, nice: int, n: int, seconds: float) -> dict:
+    """ops() in this thread while `readers` threads decode batches of n in a DecodePool flat out."""
+    from fastdata.read.backends.decode_pool import DecodePool, Slot
+    from fastdata.read.encoded import EncodedSource
+
+    src = EncodedSource(cache)
+    batch = src.get_spans(np.arange(n) % len(src), sizes=True)
+    h, w = batch.baseline_sizes()
+    pool = DecodePool(processes, readers, nice=nice)
+    stop, done = threading.Event(), []
+
+    def work():
+        slot = Slot()
+        while not stop.is_set():
+            pool.decode(slot, batch, h, w, str)
+            done.append(1)
+        slot.close()
+
+    warm = Slot()
+    pool.decode(warm, batch, h, w, str)     # every process forked and warm before the clock
+    warm.close()
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(readers)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)                          # the readers at full pace before the clock
+    k0, t0 = len(done), time.perf_counter()
+    rate = ops(seconds)
+    k, wall = len(done) - k0, time.perf_counter() - t0
+    stop.set()
+    for t in threads:
+        t.join()
+    pool.close()
+    return {"main ops/s": rate, "img/s": k * n / wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--processes", type=int, default=12)
+    ap.add_argument("--readers", type=int, default=8)
+    ap.add_argument("--nice", default="0,5,10,19", help="comma list of the decode processes' niceness")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cache", default=None, help="a JPEG cache to read (default: built from the sample photos)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    try:
+        levels = [int(v) for v in a.nice.split(",")]
+    except ValueError:
+        ap.error(f"--nice {a.nice!r}: give whole numbers 0-19, comma separated, e.g. --nice 0,10")
+    torch.set_num_threads(1)
+    cache = Path(a.cache) if a.cache else make_cache(Path(tempfile.mkdtemp(prefix="fastdata-prio-")))
+    if a.cache:
+        check_jpeg_cache(cache)
+    rows = []
+    for rnd in range(a.rounds):
+        alone = ops(a.seconds)
+        rows.append({"decoders": "none (main thread alone)", "round": rnd, "main ops/s": alone, "vs alone": "100.0%"})
+        for nice in levels:
+            r = beside_pool(cache, a.processes, a.readers, nice, a.batch, a.seconds)
+            rows.append({"decoders": f"nice {nice}", "round": rnd, **r, "vs alone": f"{r['main ops/s'] / alone:.1%}"})
+            print(rows[-1], flush=True)
+    write("decode-priority", rows, ["decoders", "round", "main ops/s", "vs alone", "img/s"],
+          f"{cpu_model()}. {a.processes} decode processes, {a.readers} reader threads handing them batches of "
+          f"{a.batch} 256 px cache JPEGs flat out; the main thread runs tiny torch ops for {a.seconds:.0f} s a row; "
+          f"rows alternate. Rerun: `python benchmarks/decode_priority.py --processes {a.processes} --readers "
+          f"{a.readers} --nice {a.nice}`.", Path(a.out) if a.out else None)
+
+
+if __name__ == "__main__":
+    main()
