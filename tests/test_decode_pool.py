@@ -102,10 +102,10 @@ def test_a_killed_decode_process_is_a_loader_error_naming_the_option():
     p = DecodePool(1)
     slot = Slot()
     try:
-        pid = next(iter(p._pool._processes))
+        pid = p.pids[0]
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(LoaderError, match="decode process .* died.*cpu_processes"):
-            for _ in range(50):     # the executor may take a call or two to notice
+            for _ in range(50):     # a pipe may take a call or two to tell
                 p.decode(slot, _batch([_jpeg(8, 8, 0)]), np.array([8]), np.array([8]), str)
     finally:
         p.close()
@@ -355,8 +355,20 @@ def test_the_pool_sends_a_batch_in_per_batch_tasks_and_still_decodes_it_whole():
     sizes = [(30, 40), (9, 17), (12, 12), (33, 8)] * (2 * MIN_TASK)
     jpegs = [_jpeg(w, h, k) for k, (h, w) in enumerate(sizes)]
     h, w = np.array([s[0] for s in sizes]), np.array([s[1] for s in sizes])
-    sent, submit = [], p._pool.submit
-    p._pool.submit = lambda *a: sent.append(a) or submit(*a)
+    sent = []
+
+    class Spy:      # a worker's pipe, its writes counted
+        def __init__(self, conn):
+            self.conn = conn
+
+        def send_bytes(self, msg):
+            sent.append(msg)
+            self.conn.send_bytes(msg)
+
+        def __getattr__(self, name):
+            return getattr(self.conn, name)
+
+    p._conns = [Spy(c) for c in p._conns]
     slot = Slot()
     try:
         flat = p.decode(slot, _batch(jpegs), h, w, str)
@@ -376,7 +388,7 @@ def test_decode_processes_run_at_the_pools_niceness_and_the_loader_keeps_its_own
     want, deadline = [min(19, own + nice)] * 2, time.monotonic() + 60
     try:
         while True:     # all forked by __init__; a worker not yet given a task may not have run its initializer
-            seen = [os.getpriority(os.PRIO_PROCESS, pid) for pid in p._pool._processes]
+            seen = [os.getpriority(os.PRIO_PROCESS, pid) for pid in p.pids]
             if seen == want or time.monotonic() > deadline:
                 break
             time.sleep(0.05)

@@ -20,14 +20,15 @@ thread's launches come first.
 """
 from __future__ import annotations
 
+import collections
 import mmap
 import multiprocessing
 import os
+import queue
 import signal
+import struct
 import tempfile
 import weakref
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 from PIL import Image
@@ -130,10 +131,6 @@ def _worker_init(nice: int) -> None:
             pass
 
 
-def _ready(_k: int = 0) -> int:
-    return os.getpid()
-
-
 def _slot_bytes(path: str, size: int) -> np.ndarray:
     """Worker: the slot's bytes, mapped once per slot file."""
     got = _MAPS.get(path)
@@ -186,20 +183,31 @@ def tasks_per_batch(processes: int, readers: int) -> int:
 
 
 class DecodePool:
-    """`processes` forked decoders; decode() runs in any reader thread.
+    """`processes` forked decoders, each behind its own pipe; decode() runs in any reader thread.
 
     A batch is cut into as few tasks as keep every process busy while `readers` reader threads each
-    have a batch in flight (one more than processes / readers), not one per process: each task costs
-    the loader's process pickling and executor-thread work, GIL held. 12 processes and 8
-    readers on the CPU box: 6.9-8.5 ms of the loader's CPU a batch of 256 with 12 tasks against 3.8-5.1 ms
-    with 3, at the same decode rate (benchmarks/pool_overhead.py, pool-overhead-cpu2-2026-12-07.md)."""
+    have a batch in flight (one more than processes / readers), not one per process. A task is one
+    write of its table of int64 rows to an idle worker's pipe and one read of its short answer, both with
+    the GIL released: no pickling and no helper threads, where a ProcessPoolExecutor pickles every call
+    and result and passes each through its feeder and management threads with the GIL held, beside a
+    training thread that needs it (benchmarks/pool_overhead.py: the loader's CPU a batch)."""
 
     def __init__(self, processes: int, readers: int = 1, nice: int | None = None) -> None:
         self.processes, nice = processes, DECODE_NICE if nice is None else nice
         self.per_batch = tasks_per_batch(processes, readers)
-        self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"),
-                                         initializer=_worker_init, initargs=(nice,))
-        list(self._pool.map(_ready, range(processes)))  # every worker forked now, before the loader's threads
+        ctx = multiprocessing.get_context("fork")
+        self._conns, self._procs, self._idle = [], [], queue.SimpleQueue()
+        self._broken: str | None = None
+        for k in range(processes):     # every worker forked now, before the loader's threads start
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(theirs, [*self._conns, mine], nice), daemon=True,
+                               name=f"fastdata-decode-{k}")
+            proc.start()
+            theirs.close()
+            self._conns.append(mine)
+            self._procs.append(proc)
+            self._idle.put(k)
+        self.pids = [p.pid for p in self._procs]
 
     def decode(self, slot: Slot, batch: EncodedBatch, heights: np.ndarray, widths: np.ndarray,
                name_of) -> np.ndarray:
@@ -214,18 +222,81 @@ class DecodePool:
         table = np.stack([packed.starts, lens, outs, heights, widths], axis=1).astype(np.int64)
         tasks = max(1, min(self.per_batch, len(batch) // MIN_TASK))
         bounds = np.linspace(0, len(batch), tasks + 1).astype(int).tolist()
-        try:
-            futs = [self._pool.submit(decode_task, slot.path, slot.size, table[lo:hi].tobytes())
-                    for lo, hi in zip(bounds[:-1], bounds[1:])]
-            failed = [(lo, f.result()) for lo, f in zip(bounds, futs)]
-        except BrokenProcessPool:
-            raise LoaderError(f"a decode process of the loader died (killed, or out of memory: "
-                              f"{slot.path} holds each batch's share); lower cpu_processes, or set it to 0") from None
-        for lo, bad in failed:
-            if bad is not None:
-                raise LoaderError(f"{name_of(lo + bad[0])}: {bad[1]}; fix or remove the file, or run "
-                                  f"`fastdata build-cache` to quarantine bad files first")
+        head = struct.pack("<QI", slot.size, len(slot.path.encode())) + slot.path.encode()
+        failed = self._run(slot, [head + table[lo:hi].tobytes() for lo, hi in zip(bounds[:-1], bounds[1:])])
+        if failed:
+            k, row, why = failed[0]
+            raise LoaderError(f"{name_of(bounds[k] + row)}: {why}; fix or remove the file, or run "
+                              f"`fastdata build-cache` to quarantine bad files first")
         return buf[n_in:n_in + int(sizes.sum())]
 
+    def _run(self, slot: Slot, messages: list[bytes]) -> list[tuple[int, int, str]]:
+        """Each message to an idle worker, its answer read back: (task, row, why) of the tasks that
+        failed. A reader holding workers never blocks waiting for another (it reads its own oldest
+        answer and reuses that worker), so readers cannot deadlock over the workers."""
+        inflight: collections.deque[tuple[int, int]] = collections.deque()
+        failed: list[tuple[int, int, str]] = []
+        try:
+            for t, msg in enumerate(messages):
+                k = self._take(inflight, failed)
+                self._conns[k].send_bytes(msg)
+                inflight.append((k, t))
+            while inflight:
+                self._idle.put(self._answer(*inflight.popleft(), failed))
+        except (EOFError, OSError) as e:
+            self._broken = (f"a decode process of the loader died (killed, or out of memory: {slot.path} holds each "
+                            f"batch's share; {type(e).__name__}); lower cpu_processes, or set it to 0")
+        if self._broken:        # the workers in flight are left out of the idle queue: their pipes are unread
+            raise LoaderError(self._broken)
+        return failed
+
+    def _take(self, inflight, failed) -> int:
+        if self._broken:
+            raise LoaderError(self._broken)
+        if not inflight:
+            return self._idle.get()
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            return self._answer(*inflight.popleft(), failed)
+
+    def _answer(self, k: int, task: int, failed: list) -> int:
+        got = self._conns[k].recv_bytes()
+        if got:
+            row, why = got.decode(errors="replace").split("\n", 1)
+            failed.append((task, int(row), why))
+        return k
+
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Each worker is told to exit (an empty message: the end of its pipe alone is not enough, a
+        process forked since may hold a copy of the loader's end); one still there after 10 s is killed."""
+        for c in self._conns:
+            try:
+                c.send_bytes(b"")
+            except OSError:
+                pass
+            c.close()
+        for p in self._procs:
+            p.join(10)
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+
+
+def _serve(conn, others: list, nice: int) -> None:
+    """Worker: decode each task read from conn until an empty message or the pipe's end (the loader
+    gone). The loader's ends of this and earlier workers' pipes are closed here, so that its end is
+    seen when the loader dies."""
+    for c in others:
+        c.close()
+    _worker_init(nice)
+    while True:
+        try:
+            msg = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if not msg:
+            return
+        size, n = struct.unpack_from("<QI", msg)
+        bad = decode_task(msg[12:12 + n].decode(), size, msg[12 + n:])
+        conn.send_bytes(b"" if bad is None else f"{bad[0]}\n{bad[1]}".encode(errors="replace"))
