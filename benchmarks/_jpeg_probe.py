@@ -17,7 +17,6 @@ contention. The variants say which kind, each against the same compiled loop on 
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -122,32 +121,6 @@ class Tweaked:
                                    for k, v in self.times.items() if v), flush=True)
 
 
-def worker_cpus(free_cores: int) -> set[int]:
-    """The usable CPUs less every CPU of the last `free_cores` cores (a core's hyperthreads together)."""
-    cores: dict[str, set[int]] = {}
-    for c in sorted(os.sched_getaffinity(0)):
-        try:
-            key = Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list").read_text().strip()
-        except OSError:
-            key = str(c)
-        cores.setdefault(key, set()).add(c)
-    kept = list(cores.values())[:max(1, len(cores) - free_cores)]
-    return set().union(*kept)
-
-
-class Confined(Tweaked):
-    """A loader whose decode processes may run only off `free_cores` whole cores, which the scheduler
-    then gives the training thread (and the loader's threads): does a decoder on the training thread's
-    core, or its hyperthread sibling, slow the launches?"""
-
-    def __init__(self, loader, free_cores: int = 2) -> None:
-        cpus = worker_cpus(free_cores)
-        for pid in loader.backend._procs._pool._processes:
-            os.sched_setaffinity(pid, cpus)
-        print(f"decode processes confined to CPUs {sorted(cpus)}", flush=True)
-        super().__init__(loader)
-
-
 class Niced(Tweaked):
     """A loader made while decode_pool.DECODE_NICE is `nice` (read when its pool is made), restored after."""
 
@@ -211,10 +184,6 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
          lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg")), None),
         ("jpeg nvjpeg loader, default options but decode processes at nice 0 (before)",
          lambda: Niced(lambda: fd(cache=jpeg_cache, backend="nvjpeg"), 0), None),
-        ("jpeg nvjpeg loader, default options, decode processes confined off 2 cores",
-         lambda: Confined(fd(cache=jpeg_cache, backend="nvjpeg")), None),
-        ("jpeg nvjpeg loader, default options, decode processes confined off 4 cores",
-         lambda: Confined(fd(cache=jpeg_cache, backend="nvjpeg"), free_cores=4), None),
         ("jpeg nvjpeg loader, NVJPG engines (hardware=True)", lambda: Tweaked(jpeg(hardware=True)), None),
         ("jpeg nvjpeg loader, fixed share 1.0 (cpu_share=1.0: not steered), default processes",
          lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg", cpu_share=1.0)), None),
