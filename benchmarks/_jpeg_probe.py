@@ -93,8 +93,14 @@ class Tweaked:
         if ahead is not None:
             loader.backend.stage_ahead = ahead
         self.times: dict[str, list[float]] = {}
-        for name in ("read", "_prepare", "_decode", "_augment", "_hold"):   # wall ms per call, printed on close
+        for name in ("read", "_prepare", "_decode", "_augment", "_hold", "finish"):  # wall ms a call, printed on close
             self._time(loader.backend, name)
+        waits, waited = self.times.setdefault("read wait", []), loader.backend.waited
+
+        def count_wait(seconds: float) -> None:     # the training thread's wait for each read (the steer's signal)
+            waits.append(seconds * 1e3)
+            waited(seconds)
+        loader.backend.waited = count_wait
 
     def _time(self, obj, name: str) -> None:
         fn, got = getattr(obj, name), self.times.setdefault(name, [])
@@ -116,8 +122,8 @@ class Tweaked:
         backend = self.loader.backend
         steer = getattr(backend, "_steer", None)
         share = f"CPU share at close {backend._share:.2f}" + (f" ({steer.changes} steered changes)" if steer else "")
-        print(f"decoder: {backend.hardware}; images decoded {backend.decoded}; {share}. GPU thread ms per batch (median, "
-              "p90): " + ", ".join(f"{k} {np.median(v):.2f} {np.percentile(v, 90):.2f}"
+        print(f"decoder: {backend.hardware}; images decoded {backend.decoded}; {share}. ms per batch (median, "
+              "p90, mean): " + ", ".join(f"{k} {np.median(v):.2f} {np.percentile(v, 90):.2f} {np.mean(v):.2f}"
                                    for k, v in self.times.items() if v), flush=True)
 
 
