@@ -246,6 +246,10 @@ class DecodePool:
         except (EOFError, OSError) as e:
             self._broken = (f"a decode process of the loader died (killed, or out of memory: {slot.path} holds each "
                             f"batch's share; {type(e).__name__}); lower cpu_processes, or set it to 0")
+        except BaseException as e:  # a worker in flight is now lost to the idle queue: later calls fail, not hang
+            if not isinstance(e, LoaderError):
+                self._broken = f"the decode processes were left mid-batch ({type(e).__name__}); make a new loader"
+            raise
         if self._broken:        # the workers in flight are left out of the idle queue: their pipes are unread
             raise LoaderError(self._broken)
         return failed
