@@ -83,11 +83,15 @@ class DecodeProcess(DecodeThread):
 
 
 class Tweaked:
-    """A loader run with the GIL switch interval at `switch` seconds and/or its GPU thread `ahead`
-    batches ahead; both restored on close."""
+    """A loader run with the GIL switch interval at `switch` seconds, its GPU thread `ahead` batches
+    ahead and/or its decode pool cutting a batch into `tasks` tasks; the switch interval restored on
+    close, and the GPU thread's and read-wait timings printed."""
 
-    def __init__(self, loader, switch: float | None = None, ahead: int | None = None) -> None:
+    def __init__(self, loader, switch: float | None = None, ahead: int | None = None,
+                 tasks: int | None = None) -> None:
         self.loader, self.old = loader, sys.getswitchinterval()
+        if tasks is not None:       # the decode pool's tasks a batch
+            loader.backend._procs.per_batch = tasks
         if switch is not None:
             sys.setswitchinterval(switch)
         if ahead is not None:
@@ -188,6 +192,8 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
         ("jpeg nvjpeg loader, default options (cpu share and processes picked from the CPUs)",
          lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg")), None),
+        ("jpeg nvjpeg loader, default options but 3 tasks a batch (before)",
+         lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg"), tasks=3), None),
         ("jpeg nvjpeg loader, default options but decode processes at nice 0 (before)",
          lambda: Niced(lambda: fd(cache=jpeg_cache, backend="nvjpeg"), 0), None),
         ("jpeg nvjpeg loader, NVJPG engines (hardware=True)", lambda: Tweaked(jpeg(hardware=True)), None),

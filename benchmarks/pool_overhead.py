@@ -2,14 +2,13 @@
 
     python benchmarks/pool_overhead.py [--processes 12] [--readers 8] [--batch 256] [--seconds 6]
 
-The decode processes take no GIL from the training process, but handing them work does: each task
-is pickled and passes the executor's feeder and management threads, GIL held. A launch-bound
-training thread (resnet18 on an H100) waits for the GIL behind them. `readers` threads hand batches
-to a DecodePool flat out, as the nvjpeg backend's reader threads do, once with one task per process
-(the old split, tasks_per_batch(p, 1) = p) and once with decode_pool.tasks_per_batch(p, readers); the
-table gives the loader process's CPU seconds (process_time: the decode processes are not in it) per
-batch, and the images decoded a second. A JPEG cache of 256 px images is built from the bundled
-photos first.
+The decode processes take no GIL from the training process, but handing them work does, in the
+loader's own process, beside a launch-bound training thread (resnet18 on an H100). `readers` threads
+hand batches to a DecodePool flat out, as the nvjpeg backend's reader threads do, cut into each of
+--tasks tasks in turn; the table gives the loader process's CPU seconds (process_time: the decode
+processes are not in it) per batch, the images decoded a second, and each decode() call's wall time
+(a read's latency: the fewer the tasks, the longer one batch waits for its slowest task). A JPEG
+cache of 256 px images is built from the bundled photos first (or --cache).
 """
 from __future__ import annotations
 
@@ -49,21 +48,22 @@ def check_jpeg_cache(cache: Path) -> None:
         raise SystemExit(2)
 
 
-def run(cache: Path, processes: int, readers: int, per_batch_readers: int, n: int, seconds: float) -> dict:
+def run(cache: Path, processes: int, readers: int, tasks: int, n: int, seconds: float) -> dict:
     from fastdata.read.backends.decode_pool import DecodePool, Slot
     from fastdata.read.encoded import EncodedSource
 
     src = EncodedSource(cache)
     batch = src.get_spans(np.arange(n) % len(src), sizes=True)
     h, w = batch.baseline_sizes()
-    pool = DecodePool(processes, per_batch_readers)
-    done = []
+    pool = DecodePool(processes)
+    pool.per_batch, done = tasks, []
 
     def work(_k, stop):
         slot = Slot()
         while not stop.is_set():
+            t0 = time.perf_counter()
             pool.decode(slot, batch, h, w, str)
-            done.append(1)
+            done.append(time.perf_counter() - t0)
         slot.close()
 
     warm = Slot()
@@ -75,7 +75,8 @@ def run(cache: Path, processes: int, readers: int, per_batch_readers: int, n: in
     pool.close()
     k = len(done)
     return {"tasks a batch": pool.per_batch, "batches": k, "img/s": k * n / wall,
-            "loader CPU ms a batch": cpu / max(k, 1) * 1e3}
+            "loader CPU ms a batch": cpu / max(k, 1) * 1e3, "batch ms median": np.median(done) * 1e3,
+            "batch ms p90": np.percentile(done, 90) * 1e3}
 
 
 def main() -> None:
@@ -85,22 +86,30 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--tasks", default="", help="comma list of tasks a batch to compare (default: 3 and one "
+                    "per process, the pool's own)")
     ap.add_argument("--cache", default=None, help="a JPEG cache to read (default: built from the sample photos)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     cache = Path(a.cache) if a.cache else make_cache(Path(tempfile.mkdtemp(prefix="fastdata-pool-")))
     if a.cache:
         check_jpeg_cache(cache)
+    try:
+        splits = [int(v) for v in a.tasks.split(",")] if a.tasks else [3, a.processes]
+    except ValueError:
+        ap.error(f"--tasks {a.tasks!r}: give whole numbers, comma separated, e.g. --tasks 3,12")
     rows = []
     for rnd in range(a.rounds):
-        for name, per in (("one task per process (before)", 1), ("tasks_per_batch (now)", a.readers)):
-            r = {"split": name, "round": rnd, **run(cache, a.processes, a.readers, per, a.batch, a.seconds)}
+        for k in splits:
+            r = {"round": rnd, **run(cache, a.processes, a.readers, k, a.batch, a.seconds)}
             print(r, flush=True)
             rows.append(r)
-    write("pool-overhead", rows, ["split", "round", "tasks a batch", "batches", "img/s", "loader CPU ms a batch"],
+    write("pool-overhead", rows, ["round", "tasks a batch", "batches", "img/s", "loader CPU ms a batch",
+                                  "batch ms median", "batch ms p90"],
           f"{a.processes} decode processes, {a.readers} reader threads, batches of {a.batch} 256 px cache JPEGs, "
-          f"{a.seconds:.0f} s a row, rows alternating. Rerun: `python benchmarks/pool_overhead.py --processes "
-          f"{a.processes} --readers {a.readers}`.", Path(a.out) if a.out else None)
+          f"{a.seconds:.0f} s a row, rows alternating; batch ms: one decode() call's wall time (a read's latency). "
+          f"Rerun: `python benchmarks/pool_overhead.py --processes {a.processes} --readers {a.readers}"
+          f"{f' --tasks {a.tasks}' if a.tasks else ''}`.", Path(a.out) if a.out else None)
 
 
 if __name__ == "__main__":

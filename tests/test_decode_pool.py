@@ -339,40 +339,32 @@ def test_a_default_share_without_slot_room_goes_back_to_the_gpu(jpeg_cache, aske
     assert cpu is None and len(gpu) == 6 and got is sizes and me._share == 0.0
 
 
-@pytest.mark.parametrize("processes,readers,per_batch", [(12, 8, 3), (12, 1, 12), (2, 8, 2), (4, 4, 2), (1, 8, 1)])
-def test_a_batch_is_cut_into_as_few_tasks_as_keep_the_processes_busy(processes, readers, per_batch):
-    """Each task costs the loader's process a pickle and executor-thread work with the GIL held: a batch
-    goes out in one task more than processes / readers (every reader thread has a batch in flight),
-    not one per process."""
-    from fastdata.read.backends.decode_pool import tasks_per_batch
+class _Spy:
+    """A worker's pipe, its writes recorded (and passed on unless `forward` is off)."""
 
-    assert tasks_per_batch(processes, readers) == per_batch
-    assert tasks_per_batch(processes, readers) * readers >= processes
+    def __init__(self, conn, sent: list, forward: bool = True):
+        self.conn, self.sent, self.forward = conn, sent, forward
+
+    def send_bytes(self, msg):
+        self.sent.append(msg)
+        if self.forward:
+            self.conn.send_bytes(msg)
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
 
 
-def test_the_pool_sends_a_batch_in_per_batch_tasks_and_still_decodes_it_whole():
-    p = DecodePool(3, readers=3)
+def test_the_pool_sends_a_batch_in_one_task_per_process_and_still_decodes_it_whole():
+    p = DecodePool(3)
     sizes = [(30, 40), (9, 17), (12, 12), (33, 8)] * (2 * MIN_TASK)
     jpegs = [_jpeg(w, h, k) for k, (h, w) in enumerate(sizes)]
     h, w = np.array([s[0] for s in sizes]), np.array([s[1] for s in sizes])
     sent = []
-
-    class Spy:      # a worker's pipe, its writes counted
-        def __init__(self, conn):
-            self.conn = conn
-
-        def send_bytes(self, msg):
-            sent.append(msg)
-            self.conn.send_bytes(msg)
-
-        def __getattr__(self, name):
-            return getattr(self.conn, name)
-
-    p._conns = [Spy(c) for c in p._conns]
+    p._conns = [_Spy(c, sent) for c in p._conns]
     slot = Slot()
     try:
         flat = p.decode(slot, _batch(jpegs), h, w, str)
-        assert p.per_batch == 2 and len(sent) == 2     # 3 processes, 3 readers: 2 tasks, not 3
+        assert p.per_batch == 3 and len(sent) == 3
         assert np.array_equal(flat, np.concatenate([_planar(j) for j in jpegs]))
     finally:
         slot.close()
@@ -396,3 +388,65 @@ def test_decode_processes_run_at_the_pools_niceness_and_the_loader_keeps_its_own
         p.close()
     assert seen == want
     assert os.getpriority(os.PRIO_PROCESS, 0) == own
+
+
+def test_queued_tasks_go_to_a_freed_worker_oldest_first():
+    """The training thread waits for the oldest batch: with every worker busy, a freed worker takes
+    the task queued first, whichever reader queued it."""
+    from fastdata.read.backends.decode_pool import _Task
+
+    p, sent = DecodePool(1), []
+    real = p._conns[0]
+    p._conns = [_Spy(real, sent, forward=False)]
+    try:
+        busy = p._idle.pop()
+        older, newer = _Task(b"older"), _Task(b"newer")
+        with p._lock:
+            p._pending.extend([older, newer])
+            p._pump()
+        assert sent == [] and not older.sent.is_set()
+        with p._lock:
+            p._idle.append(busy)
+            p._pump()
+        assert sent == [b"older"] and older.sent.is_set() and older.worker == 0 and not newer.sent.is_set()
+    finally:
+        p._conns = [real]
+        p.close()
+
+
+def test_many_readers_share_few_workers_and_each_gets_its_own_batch_back():
+    """Six reader threads, two workers, batches of different images: no reader waits forever for a
+    worker, and each gets its own pixels (answers are read from the workers its tasks went to)."""
+    import threading
+
+    p = DecodePool(2)
+    batches = []
+    for r in range(6):
+        sizes = [(8 + r, 10 + (k % 3)) for k in range(2 * MIN_TASK + r)]
+        jpegs = [_jpeg(w, h, 100 * r + k) for k, (h, w) in enumerate(sizes)]
+        batches.append((_batch(jpegs), np.array([s[0] for s in sizes]), np.array([s[1] for s in sizes]),
+                        np.concatenate([_planar(j) for j in jpegs])))
+    wrong, errors = [], []
+
+    def reader(r):
+        slot = Slot()
+        try:
+            for _ in range(4):
+                batch, h, w, want = batches[r]
+                if not np.array_equal(p.decode(slot, batch, h, w, str), want):
+                    wrong.append(r)
+        except Exception as e:  # noqa: BLE001 - reported by the assert below
+            errors.append(repr(e))
+        finally:
+            slot.close()
+
+    threads = [threading.Thread(target=reader, args=(r,)) for r in range(6)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads), "a reader never got its batch back"
+        assert errors == [] and wrong == []
+    finally:
+        p.close()

@@ -24,11 +24,12 @@ import collections
 import mmap
 import multiprocessing
 import os
-import queue
 import signal
 import struct
 import tempfile
+import threading
 import weakref
+from multiprocessing.connection import wait as connection_wait
 
 import numpy as np
 from PIL import Image
@@ -176,28 +177,32 @@ def resolve_share(share: float | None, processes: int | None, pixels: float | No
     return float(share), (processes if share else 0)
 
 
-def tasks_per_batch(processes: int, readers: int) -> int:
-    """Tasks a batch is cut into: with `readers` batches in flight, enough to keep `processes` busy,
-    and one more so that a task finishing late leaves no process idle."""
-    return max(1, min(processes, -(-processes // max(1, readers)) + 1))
+class _Task:
+    __slots__ = ("msg", "worker", "sent")
+
+    def __init__(self, msg: bytes) -> None:
+        self.msg, self.worker, self.sent = msg, -1, threading.Event()
 
 
 class DecodePool:
     """`processes` forked decoders, each behind its own pipe; decode() runs in any reader thread.
 
-    A batch is cut into as few tasks as keep every process busy while `readers` reader threads each
-    have a batch in flight (one more than processes / readers), not one per process. A task is one
-    write of its table of int64 rows to an idle worker's pipe and one read of its short answer, both with
-    the GIL released: no pickling and no helper threads, where a ProcessPoolExecutor pickles every call
-    and result and passes each through its feeder and management threads with the GIL held, beside a
-    training thread that needs it (benchmarks/pool_overhead.py: the loader's CPU a batch)."""
+    A batch is cut into one task per process (MIN_TASK images each at least), queued, and sent to the
+    workers in the order queued: the oldest batch, the one the training thread waits for next, is
+    decoded first and by every free worker, so a read takes about the batch's share over the pool's
+    rate. Cut into 3 tasks (a ProcessPoolExecutor's pickling made each task dear), reads of resnet18's
+    batches on an H100 took 37-47 ms (median; 55-96 ms p90) against a read-ahead of 90-140 ms, and the
+    training thread waited 2-4 ms a batch (host-probe-resnet18-jpeg-H100-80GB-HBM3-2026-12-07-pipes-*).
+    A task is one write of its table of int64 rows to a worker's pipe and one read of its short answer,
+    both with the GIL released: no pickling and no helper threads (benchmarks/pool_overhead.py)."""
 
-    def __init__(self, processes: int, readers: int = 1, nice: int | None = None) -> None:
+    def __init__(self, processes: int, nice: int | None = None) -> None:
         self.processes, nice = processes, DECODE_NICE if nice is None else nice
-        self.per_batch = tasks_per_batch(processes, readers)
+        self.per_batch = processes
         ctx = multiprocessing.get_context("fork")
-        self._conns, self._procs, self._idle = [], [], queue.SimpleQueue()
-        self._broken: str | None = None
+        self._conns, self._procs, self._idle = [], [], []
+        self._pending: collections.deque[_Task] = collections.deque()
+        self._lock, self._broken = threading.Lock(), None
         for k in range(processes):     # every worker forked now, before the loader's threads start
             mine, theirs = ctx.Pipe()
             proc = ctx.Process(target=_serve, args=(theirs, [*self._conns, mine], nice), daemon=True,
@@ -206,7 +211,7 @@ class DecodePool:
             theirs.close()
             self._conns.append(mine)
             self._procs.append(proc)
-            self._idle.put(k)
+            self._idle.append(k)
         self.pids = [p.pid for p in self._procs]
 
     def decode(self, slot: Slot, batch: EncodedBatch, heights: np.ndarray, widths: np.ndarray,
@@ -231,45 +236,69 @@ class DecodePool:
         return buf[n_in:n_in + int(sizes.sum())]
 
     def _run(self, slot: Slot, messages: list[bytes]) -> list[tuple[int, int, str]]:
-        """Each message to an idle worker, its answer read back: (task, row, why) of the tasks that
-        failed. A reader holding workers never blocks waiting for another (it reads its own oldest
-        answer and reuses that worker), so readers cannot deadlock over the workers."""
-        inflight: collections.deque[tuple[int, int]] = collections.deque()
+        """Each message queued, sent to a worker in the order queued (the oldest batch's first, as the
+        training thread wants them), its answer read back here: (task, row, why) of the tasks that failed."""
+        tasks = [_Task(m) for m in messages]
+        with self._lock:
+            self._pending.extend(tasks)
+            self._pump()
         failed: list[tuple[int, int, str]] = []
         try:
-            for t, msg in enumerate(messages):
-                k = self._take(inflight, failed)
-                self._conns[k].send_bytes(msg)
-                inflight.append((k, t))
-            while inflight:
-                self._idle.put(self._answer(*inflight.popleft(), failed))
+            left = list(range(len(tasks)))
+            while left:
+                sent = [t for t in left if tasks[t].sent.is_set()]
+                if not sent:    # none of ours on a worker yet: ours go out oldest first
+                    tasks[left[0]].sent.wait()
+                    self._check()
+                    continue
+                self._check()
+                by_conn = {self._conns[tasks[t].worker]: t for t in sent}
+                for conn in connection_wait(list(by_conn)):
+                    t = by_conn[conn]
+                    got = conn.recv_bytes()
+                    if got:
+                        row, why = got.decode(errors="replace").split("\n", 1)
+                        failed.append((t, int(row), why))
+                    left.remove(t)
+                    with self._lock:
+                        self._idle.append(tasks[t].worker)
+                        self._pump()
         except (EOFError, OSError) as e:
-            self._broken = (f"a decode process of the loader died (killed, or out of memory: {slot.path} holds each "
-                            f"batch's share; {type(e).__name__}); lower cpu_processes, or set it to 0")
-        except BaseException as e:  # a worker in flight is now lost to the idle queue: later calls fail, not hang
+            self._fail(f"a decode process of the loader died (killed, or out of memory: {slot.path} holds each "
+                       f"batch's share; {type(e).__name__}); lower cpu_processes, or set it to 0")
+        except BaseException as e:  # a worker in flight is now lost to the idle list: later calls fail, not hang
             if not isinstance(e, LoaderError):
-                self._broken = f"the decode processes were left mid-batch ({type(e).__name__}); make a new loader"
+                self._fail(f"the decode processes were left mid-batch ({type(e).__name__}); make a new loader")
             raise
-        if self._broken:        # the workers in flight are left out of the idle queue: their pipes are unread
-            raise LoaderError(self._broken)
+        self._check()
         return failed
 
-    def _take(self, inflight, failed) -> int:
+    def _pump(self) -> None:
+        """Lock held: the oldest queued tasks onto the idle workers."""
+        while self._idle and self._pending and not self._broken:
+            task, k = self._pending.popleft(), self._idle.pop()
+            try:
+                self._conns[k].send_bytes(task.msg)
+            except OSError as e:
+                self._pending.appendleft(task)
+                self._fail(f"a decode process of the loader died (killed, or out of memory; {type(e).__name__}); "
+                           f"lower cpu_processes, or set it to 0", locked=True)
+                return
+            task.worker = k
+            task.sent.set()
+
+    def _fail(self, why: str, locked: bool = False) -> None:
+        """The pool broken for good: every reader waiting for a worker is woken to raise `why`."""
+        if not locked:
+            with self._lock:
+                return self._fail(why, locked=True)
+        self._broken = self._broken or why
+        while self._pending:
+            self._pending.popleft().sent.set()
+
+    def _check(self) -> None:
         if self._broken:
             raise LoaderError(self._broken)
-        if not inflight:
-            return self._idle.get()
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            return self._answer(*inflight.popleft(), failed)
-
-    def _answer(self, k: int, task: int, failed: list) -> int:
-        got = self._conns[k].recv_bytes()
-        if got:
-            row, why = got.decode(errors="replace").split("\n", 1)
-            failed.append((task, int(row), why))
-        return k
 
     def close(self) -> None:
         """Each worker is told to exit (an empty message: the end of its pipe alone is not enough, a
