@@ -46,7 +46,7 @@ def beside_pool(cache: Path, processes: int, readers: int, nice: int, n: int, se
     src = EncodedSource(cache)
     batch = src.get_spans(np.arange(n) % len(src), sizes=True)
     h, w = batch.baseline_sizes()
-    pool = DecodePool(processes, nice=nice)
+    pool = DecodePool(processes, readers, nice=nice)
     stop, done = threading.Event(), []
 
     def work():

@@ -55,7 +55,7 @@ def run(cache: Path, processes: int, readers: int, tasks: int, n: int, seconds: 
     src = EncodedSource(cache)
     batch = src.get_spans(np.arange(n) % len(src), sizes=True)
     h, w = batch.baseline_sizes()
-    pool = DecodePool(processes)
+    pool = DecodePool(processes, readers)
     pool.per_batch, done = tasks, []
 
     def work(_k, stop):
@@ -86,16 +86,19 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--tasks", default="", help="comma list of tasks a batch to compare (default: 3 and one "
-                    "per process, the pool's own)")
+    ap.add_argument("--tasks", default="", help="comma list of tasks a batch to compare (default: the pool's "
+                    "own, decode_pool.tasks_per_batch, and one per process)")
     ap.add_argument("--cache", default=None, help="a JPEG cache to read (default: built from the sample photos)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     cache = Path(a.cache) if a.cache else make_cache(Path(tempfile.mkdtemp(prefix="fastdata-pool-")))
     if a.cache:
         check_jpeg_cache(cache)
+    from fastdata.read.backends.decode_pool import tasks_per_batch
+
     try:
-        splits = [int(v) for v in a.tasks.split(",")] if a.tasks else [3, a.processes]
+        splits = [int(v) for v in a.tasks.split(",")] if a.tasks else [tasks_per_batch(a.processes, a.readers),
+                                                                           a.processes]
     except ValueError:
         ap.error(f"--tasks {a.tasks!r}: give whole numbers, comma separated, e.g. --tasks 3,12")
     rows = []

@@ -354,8 +354,18 @@ class _Spy:
         return getattr(self.conn, name)
 
 
-def test_the_pool_sends_a_batch_in_one_task_per_process_and_still_decodes_it_whole():
-    p = DecodePool(3)
+@pytest.mark.parametrize("processes,readers,per_batch", [(12, 8, 3), (12, 1, 12), (2, 8, 2), (4, 4, 2), (1, 8, 1)])
+def test_a_batch_is_cut_into_as_few_tasks_as_keep_the_processes_busy(processes, readers, per_batch):
+    """Each task costs the loader's process CPU beside the training thread: as few as keep every
+    process busy while each reader has a batch in flight, not one per process."""
+    from fastdata.read.backends.decode_pool import tasks_per_batch
+
+    assert tasks_per_batch(processes, readers) == per_batch
+    assert tasks_per_batch(processes, readers) * readers >= processes
+
+
+def test_the_pool_sends_a_batch_in_per_batch_tasks_and_still_decodes_it_whole():
+    p = DecodePool(3, readers=3)
     sizes = [(30, 40), (9, 17), (12, 12), (33, 8)] * (2 * MIN_TASK)
     jpegs = [_jpeg(w, h, k) for k, (h, w) in enumerate(sizes)]
     h, w = np.array([s[0] for s in sizes]), np.array([s[1] for s in sizes])
@@ -364,7 +374,7 @@ def test_the_pool_sends_a_batch_in_one_task_per_process_and_still_decodes_it_who
     slot = Slot()
     try:
         flat = p.decode(slot, _batch(jpegs), h, w, str)
-        assert p.per_batch == 3 and len(sent) == 3
+        assert p.per_batch == 2 and len(sent) == 2     # 3 processes, 3 readers: 2 tasks, not 3
         assert np.array_equal(flat, np.concatenate([_planar(j) for j in jpegs]))
     finally:
         slot.close()

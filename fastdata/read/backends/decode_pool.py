@@ -177,6 +177,12 @@ def resolve_share(share: float | None, processes: int | None, pixels: float | No
     return float(share), (processes if share else 0)
 
 
+def tasks_per_batch(processes: int, readers: int) -> int:
+    """Tasks a batch is cut into: with `readers` batches in flight, enough to keep `processes` busy,
+    and one more so that a task finishing late leaves no process idle."""
+    return max(1, min(processes, -(-processes // max(1, readers)) + 1))
+
+
 class _Task:
     __slots__ = ("msg", "worker", "sent")
 
@@ -187,18 +193,19 @@ class _Task:
 class DecodePool:
     """`processes` forked decoders, each behind its own pipe; decode() runs in any reader thread.
 
-    A batch is cut into one task per process (MIN_TASK images each at least), queued, and sent to the
-    workers in the order queued: the oldest batch, the one the training thread waits for next, is
-    decoded first and by every free worker, so a read takes about the batch's share over the pool's
-    rate. Cut into 3 tasks (a ProcessPoolExecutor's pickling made each task dear), reads of resnet18's
-    batches on an H100 took 37-47 ms (median; 55-96 ms p90) against a read-ahead of 90-140 ms, and the
-    training thread waited 2-4 ms a batch (host-probe-resnet18-jpeg-H100-80GB-HBM3-2026-12-07-pipes-*).
-    A task is one write of its table of int64 rows to a worker's pipe and one read of its short answer,
-    both with the GIL released: no pickling and no helper threads (benchmarks/pool_overhead.py)."""
+    A batch is cut into as few tasks as keep every process busy while `readers` reader threads each
+    have a batch in flight (one more than processes / readers): each task costs the loader's process
+    CPU beside the training thread. Tasks are queued and sent to free workers in the order queued, so
+    the oldest batch, the one the training thread waits for next, is decoded first. A task is one write
+    of its table of int64 rows to a worker's pipe and one read of its short answer, both with the GIL
+    released: no pickling and no helper threads, as a ProcessPoolExecutor has (the loader's CPU a
+    batch -30%, benchmarks/pool_overhead.py). One task per process instead of 3 (12 processes, 8
+    readers) fed resnet18 on an H100 no faster: 92.8% / 53.0% of synthetic at 224 / 160 px against
+    90.1% / 57.4% (host-probe-resnet18-jpeg-H100-80GB-HBM3-2026-12-07-fifo-*)."""
 
-    def __init__(self, processes: int, nice: int | None = None) -> None:
+    def __init__(self, processes: int, readers: int = 1, nice: int | None = None) -> None:
         self.processes, nice = processes, DECODE_NICE if nice is None else nice
-        self.per_batch = processes
+        self.per_batch = tasks_per_batch(processes, readers)
         ctx = multiprocessing.get_context("fork")
         self._conns, self._procs, self._idle = [], [], []
         self._pending: collections.deque[_Task] = collections.deque()

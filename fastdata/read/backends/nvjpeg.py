@@ -105,7 +105,7 @@ class NvjpegBackend(BaseBackend):
             self.cfg = cfg = replace(cfg, prefetch=max(cfg.read_ahead, cfg.reader_threads))
         self._slots: list[Slot] = []
         # forked here, before the lanes' and readers' threads start (decode_pool.py says why)
-        self._procs = DecodePool(procs) if self._share and procs else None
+        self._procs = DecodePool(procs, cfg.reader_threads) if self._share and procs else None
         # a share picked here follows the model's pace (share_steer.py); one the user gave stays
         self._steer = (ShareSteer(self._share, settle=cfg.read_ahead + self.stage_ahead + 1)
                        if self._procs is not None and cfg.options.cpu_share is None else None)
