@@ -460,3 +460,31 @@ def test_many_readers_share_few_workers_and_each_gets_its_own_batch_back():
         assert errors == [] and wrong == []
     finally:
         p.close()
+
+
+def test_a_worker_error_that_is_no_images_fault_is_told_as_such(monkeypatch):
+    """A worker that fails outside an image's decode (here: its slot file gone) answers with the
+    error, which the loader raises without blaming an image, and the pool keeps working."""
+    p, slot = DecodePool(1), Slot()
+    try:
+        jpegs = [_jpeg(8, 8, k) for k in range(3)]
+        h = w = np.full(3, 8)
+        ensure = slot.ensure
+
+        def gone(nbytes):        # the slot as the loader sees it, its file removed before the worker maps it
+            buf = ensure(nbytes)
+            os.unlink(slot.path)
+            return buf
+        monkeypatch.setattr(slot, "ensure", gone)
+        with pytest.raises(LoaderError, match=r"decode process failed on a batch's share \(FileNotFoundError"):
+            p.decode(slot, _batch(jpegs), h, w, lambda j: f"image{j}")
+        monkeypatch.undo()
+        other = Slot()
+        try:
+            assert np.array_equal(p.decode(other, _batch(jpegs), h, w, str),
+                                  np.concatenate([_planar(j) for j in jpegs]))
+        finally:
+            other.close()
+    finally:
+        p.close()
+        slot.close()

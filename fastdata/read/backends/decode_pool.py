@@ -238,6 +238,9 @@ class DecodePool:
         failed = self._run(slot, [head + table[lo:hi].tobytes() for lo, hi in zip(bounds[:-1], bounds[1:])])
         if failed:
             k, row, why = failed[0]
+            if row < 0:
+                raise LoaderError(f"a decode process failed on a batch's share ({why}); set cpu_processes=0 to "
+                                  f"decode it in the reader threads instead")
             raise LoaderError(f"{name_of(bounds[k] + row)}: {why}; fix or remove the file, or run "
                               f"`fastdata build-cache` to quarantine bad files first")
         return buf[n_in:n_in + int(sizes.sum())]
@@ -338,5 +341,8 @@ def _serve(conn, others: list, nice: int) -> None:
         if not msg:
             return
         size, n = struct.unpack_from("<QI", msg)
-        bad = decode_task(msg[12:12 + n].decode(), size, msg[12 + n:])
+        try:
+            bad = decode_task(msg[12:12 + n].decode(), size, msg[12 + n:])
+        except Exception as e:  # noqa: BLE001 - not an image's fault (memory, the slot): told, not a dead worker
+            bad = -1, f"{type(e).__name__}: {e}"
         conn.send_bytes(b"" if bad is None else f"{bad[0]}\n{bad[1]}".encode(errors="replace"))
