@@ -105,6 +105,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--warmup", type=int, default=15, help="untimed steps a row starts with (a steered CPU share "
+                    "settles in its first ~100 batches)")
     ap.add_argument("--per-class", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--size", type=int, default=224, help="training resolution (the crop's side): a lower one "
@@ -151,7 +153,7 @@ def main() -> None:
     for rnd in range(a.rounds):
         for name, make, images_of in variants:
             try:
-                r = run_variant(model, opt, make, images_of, fd, a.seconds)
+                r = run_variant(model, opt, make, images_of, fd, a.seconds, a.warmup)
             except Exception as e:  # noqa: BLE001 - one failing variant must not cost the others' rows
                 log.exception("round %d %s failed", rnd, name)
                 r = {"img/s": float("nan"), "error": f"{type(e).__name__}: {str(e).splitlines()[0][:150]}"}
@@ -179,7 +181,7 @@ def _write(a, bs: int, runs: dict[str, list[dict]], done: int) -> None:
     cols = ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms", "main cpu ms", "runq ms",
             "preempted", "graphs"]
     flags = "".join([f" --rounds {a.rounds}" if a.rounds > 1 else "", " --jpeg" if a.jpeg else "",
-                     f" --size {a.size}" if a.size != 224 else "", f" --only '{a.only}'" if a.only else ""])
+                     f" --size {a.size}" if a.size != 224 else "", f" --warmup {a.warmup}" if a.warmup != 15 else "", f" --only '{a.only}'" if a.only else ""])
     write(f"host-probe-{a.model}{'-jpeg' if a.jpeg else ''}", summarise(runs),
           cols + (["per-round ratio"] if done > 1 else []),
           f"{cpu_model()}. {a.model}, batch {bs}, {a.size} px, bf16, compile default, plain loop; "
@@ -189,18 +191,18 @@ def _write(a, bs: int, runs: dict[str, list[dict]], done: int) -> None:
           Path(a.out) if a.out else None)
 
 
-def run_variant(model, opt, make, images_of, fd, seconds: float) -> dict:
+def run_variant(model, opt, make, images_of, fd, seconds: float, warmup: int = 15) -> dict:
     """One timed loop; a loader made for it is closed after (its pinned ring and threads go)."""
     if make == "switch":
         old = sys.getswitchinterval()
         sys.setswitchinterval(0.0002)
         try:
-            return run_variant(model, opt, fd, None, fd, seconds)
+            return run_variant(model, opt, fd, None, fd, seconds, warmup)
         finally:
             sys.setswitchinterval(old)
     data = make()
     try:
-        return loop(model, opt, forever(data) if hasattr(data, "close") else data, seconds, images_of=images_of)
+        return loop(model, opt, forever(data) if hasattr(data, "close") else data, seconds, warmup, images_of)
     finally:
         if hasattr(data, "close"):
             data.close()
