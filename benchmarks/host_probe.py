@@ -181,7 +181,8 @@ def _write(a, bs: int, runs: dict[str, list[dict]], done: int) -> None:
     cols = ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms", "main cpu ms", "runq ms",
             "preempted", "graphs"]
     flags = "".join([f" --rounds {a.rounds}" if a.rounds > 1 else "", " --jpeg" if a.jpeg else "",
-                     f" --size {a.size}" if a.size != 224 else "", f" --warmup {a.warmup}" if a.warmup != 15 else "", f" --only '{a.only}'" if a.only else ""])
+                     f" --size {a.size}" if a.size != 224 else "",
+                     f" --warmup {a.warmup}" if a.warmup != 15 else "", f" --only '{a.only}'" if a.only else ""])
     write(f"host-probe-{a.model}{'-jpeg' if a.jpeg else ''}", summarise(runs),
           cols + (["per-round ratio"] if done > 1 else []),
           f"{cpu_model()}. {a.model}, batch {bs}, {a.size} px, bf16, compile default, plain loop; "
