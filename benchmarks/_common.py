@@ -139,3 +139,14 @@ def flat_out(work, threads: int, seconds: float) -> float:
     for t in pool:
         t.join()
     return time.perf_counter() - t0
+
+
+def tiny_ops(seconds: float) -> float:
+    """Tiny torch ops a second in this thread, standing in for a training thread that launches
+    kernels: each holds the GIL and a CPU for microseconds, as a launch does."""
+    x = torch.zeros(8)
+    t0, n = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        x.add_(1)
+        n += 1
+    return n / (time.perf_counter() - t0)

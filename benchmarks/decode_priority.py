@@ -23,23 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import cpu_model, write
+from _common import cpu_model, tiny_ops, write
 from pool_overhead import check_jpeg_cache, make_cache
 
 
-def ops(seconds: float) -> float:
-    """Tiny torch ops a second in this thread: each holds the GIL and a CPU for microseconds, as a
-    launch does."""
-    x = torch.zeros(8)
-    t0, n = time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds:
-        x.add_(1)
-        n += 1
-    return n / (time.perf_counter() - t0)
-
-
 def beside_pool(cache: Path, processes: int, readers: int, nice: int, n: int, seconds: float) -> dict:
-    """ops() in this thread while `readers` threads decode batches of n in a DecodePool flat out."""
+    """tiny_ops() in this thread while `readers` threads decode batches of n in a DecodePool flat out."""
     from fastdata.read.backends.decode_pool import DecodePool, Slot
     from fastdata.read.encoded import EncodedSource
 
@@ -64,7 +53,7 @@ def beside_pool(cache: Path, processes: int, readers: int, nice: int, n: int, se
         t.start()
     time.sleep(0.5)                          # the readers at full pace before the clock
     k0, t0 = len(done), time.perf_counter()
-    rate = ops(seconds)
+    rate = tiny_ops(seconds)
     k, wall = len(done) - k0, time.perf_counter() - t0
     stop.set()
     for t in threads:
@@ -94,7 +83,7 @@ def main() -> None:
         check_jpeg_cache(cache)
     rows = []
     for rnd in range(a.rounds):
-        alone = ops(a.seconds)
+        alone = tiny_ops(a.seconds)
         rows.append({"decoders": "none (main thread alone)", "round": rnd, "main ops/s": alone, "vs alone": "100.0%"})
         for nice in levels:
             r = beside_pool(cache, a.processes, a.readers, nice, a.batch, a.seconds)

@@ -18,16 +18,7 @@ from pathlib import Path
 
 import torch
 
-from _common import write
-
-
-def _ops(seconds: float) -> float:
-    x = torch.zeros(8)
-    t0, n = time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds:
-        x.add_(1)
-        n += 1
-    return n / (time.perf_counter() - t0)
+from _common import tiny_ops, write
 
 
 def probe(cache: Path, read: str, seconds: float) -> tuple[float, float]:
@@ -45,7 +36,7 @@ def probe(cache: Path, read: str, seconds: float) -> tuple[float, float]:
     t = threading.Thread(target=drain)
     t0 = time.perf_counter()
     t.start()
-    ops = _ops(seconds)
+    ops = tiny_ops(seconds)
     stop.set()
     t.join()
     return ops, count[0] / (time.perf_counter() - t0)
@@ -69,7 +60,7 @@ def main() -> None:
         src = make_image_folder(tmp / "src", 100, photos_dir=a.photos)
         cache = tmp / "raw"
         build_cache(BuildConfig(src=str(src), dest=str(cache), progress=False))
-    rows = [{"case": "main thread alone", "main ops/s": _ops(a.seconds), "loader img/s": ""}]
+    rows = [{"case": "main thread alone", "main ops/s": tiny_ops(a.seconds), "loader img/s": ""}]
     for read in ("pread", "mmap"):
         runs = [probe(cache, read, a.seconds) for _ in range(a.reps)]
         rows.append({"case": f"beside loader read={read} (median of {a.reps})",
