@@ -49,8 +49,10 @@ DECODE_NICE = 10        # added to the decode processes' niceness: a CPU they sh
                         # to the training thread (a launch waiting for a CPU idles the GPU; a late decode only
                         # hands its share back to the GPU, share_steer.py). 12 processes on the 2-core CPU box
                         # left a launching thread 13-18% of its pace at nice 0, 86-92% at 10, 89-104% at 19
-                        # (decode-priority-cpu2-2026-12-07.md). Threads are not niced: one holding the GIL
-                        # while descheduled would stall the training thread behind it
+                        # (decode-priority-cpu2-2026-12-07.md). On 16-core H100 hosts the training thread
+                        # never waited for a CPU (runq 0) and nice 0 or 10 fed resnet18 alike (92.2% / 92.6%,
+                        # ...-pipes-a.md): a guard for busier hosts. Threads are not niced: one holding the
+                        # GIL while descheduled would stall the training thread behind it
 _ALIGN = 4096
 _MAPS: dict[str, tuple[int, mmap.mmap]] = {}    # worker: the slots it has mapped, by path
 _MAX_MAPS = 64
@@ -198,8 +200,8 @@ class DecodePool:
     CPU beside the training thread. Tasks are queued and sent to free workers in the order queued, so
     the oldest batch, the one the training thread waits for next, is decoded first. A task is one write
     of its table of int64 rows to a worker's pipe and one read of its short answer, both with the GIL
-    released: no pickling and no helper threads, as a ProcessPoolExecutor has (the loader's CPU a
-    batch -30%, benchmarks/pool_overhead.py). One task per process instead of 3 (12 processes, 8
+    released: no pickling and no helper threads, as a ProcessPoolExecutor has (18-34% less of the
+    loader's CPU a batch, pool-overhead-cpu2-2026-12-07-pipes.md). One task per process instead of 3 (12 processes, 8
     readers) fed resnet18 on an H100 no faster: 92.8% / 53.0% of synthetic at 224 / 160 px against
     90.1% / 57.4% (host-probe-resnet18-jpeg-H100-80GB-HBM3-2026-12-07-fifo-*)."""
 
