@@ -201,9 +201,9 @@ class DecodePool:
     the oldest batch, the one the training thread waits for next, is decoded first. A task is one write
     of its table of int64 rows to a worker's pipe and one read of its short answer, both with the GIL
     released: no pickling and no helper threads, as a ProcessPoolExecutor has (18-34% less of the
-    loader's CPU a batch, pool-overhead-cpu2-2026-12-07-pipes.md). One task per process instead of 3 (12 processes, 8
-    readers) fed resnet18 on an H100 no faster: 92.8% / 53.0% of synthetic at 224 / 160 px against
-    90.1% / 57.4% (host-probe-resnet18-jpeg-H100-80GB-HBM3-2026-12-07-fifo-*)."""
+    loader's CPU a batch, pool-overhead-cpu2-2026-12-07-pipes.md). One task per process instead of 3
+    (12 processes, 8 readers) fed resnet18 on an H100 no faster: 92.8% / 53.0% of synthetic at 224 /
+    160 px against 90.1% / 57.4% (host-probe-resnet18-jpeg-H100-80GB-HBM3-2026-12-07-fifo-*)."""
 
     def __init__(self, processes: int, readers: int = 1, nice: int | None = None) -> None:
         self.processes, nice = processes, DECODE_NICE if nice is None else nice
