@@ -488,3 +488,28 @@ def test_a_worker_error_that_is_no_images_fault_is_told_as_such(monkeypatch):
     finally:
         p.close()
         slot.close()
+
+
+def _alive(pid: int) -> bool:
+    """pid runs and is not a zombie (a reaped or exited worker is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("ending", ["exit without close", "killed"])
+def test_decode_processes_do_not_outlive_the_loaders_process(ending):
+    """A run that ends without closing its loader, or is killed (SIGKILL: no handler runs), leaves no
+    decode process behind holding memory: each sees its pipe end and exits."""
+    script = ("import os, sys, signal\nfrom fastdata.read.backends.decode_pool import DecodePool\n"
+              "p = DecodePool(2)\nprint(*p.pids, flush=True)\n"
+              + ("os.kill(os.getpid(), signal.SIGKILL)\n" if ending == "killed" else "sys.exit(0)\n"))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    pids = [int(v) for v in run.stdout.split()]
+    assert len(pids) == 2, run.stderr
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in pids)
