@@ -27,8 +27,10 @@ from _common import cpu_model, tiny_ops, write
 from pool_overhead import check_jpeg_cache, make_cache
 
 
-def beside_pool(cache: Path, processes: int, readers: int, nice: int, n: int, seconds: float) -> dict:
-    """tiny_ops() in this thread while `readers` threads decode batches of n in a DecodePool flat out."""
+def beside_pool(cache: Path, processes: int, readers: int, nice: int, n: int, seconds: float,
+                rate: float = 0.0) -> dict:
+    """tiny_ops() in this thread while `readers` threads decode batches of n in a DecodePool, `rate`
+    batches a second between them (0: flat out)."""
     from fastdata.read.backends.decode_pool import DecodePool, Slot
     from fastdata.read.encoded import EncodedSource
 
@@ -39,8 +41,11 @@ def beside_pool(cache: Path, processes: int, readers: int, nice: int, n: int, se
     stop, done = threading.Event(), []
 
     def work():
-        slot = Slot()
+        slot, due = Slot(), time.perf_counter()
         while not stop.is_set():
+            if rate:        # paced as a training loop consumes batches: each reader one in `readers`
+                due += readers / rate
+                time.sleep(max(0.0, due - time.perf_counter()))
             pool.decode(slot, batch, h, w, str)
             done.append(1)
         slot.close()
@@ -53,13 +58,13 @@ def beside_pool(cache: Path, processes: int, readers: int, nice: int, n: int, se
         t.start()
     time.sleep(0.5)                          # the readers at full pace before the clock
     k0, t0 = len(done), time.perf_counter()
-    rate = tiny_ops(seconds)
+    ops = tiny_ops(seconds)
     k, wall = len(done) - k0, time.perf_counter() - t0
     stop.set()
     for t in threads:
         t.join()
     pool.close()
-    return {"main ops/s": rate, "img/s": k * n / wall}
+    return {"main ops/s": ops, "img/s": k * n / wall}
 
 
 def main() -> None:
@@ -69,6 +74,8 @@ def main() -> None:
     ap.add_argument("--nice", default="0,5,10,19", help="comma list of the decode processes' niceness")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rate", type=float, default=0.0, help="batches a second the readers decode between them "
+                    "(0: flat out); paced, what remains is the pool's GIL traffic, not its CPU")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cache", default=None, help="a JPEG cache to read (default: built from the sample photos)")
     ap.add_argument("--out", default=None)
@@ -86,14 +93,14 @@ def main() -> None:
         alone = tiny_ops(a.seconds)
         rows.append({"decoders": "none (main thread alone)", "round": rnd, "main ops/s": alone, "vs alone": "100.0%"})
         for nice in levels:
-            r = beside_pool(cache, a.processes, a.readers, nice, a.batch, a.seconds)
+            r = beside_pool(cache, a.processes, a.readers, nice, a.batch, a.seconds, a.rate)
             rows.append({"decoders": f"nice {nice}", "round": rnd, **r, "vs alone": f"{r['main ops/s'] / alone:.1%}"})
             print(rows[-1], flush=True)
     write("decode-priority", rows, ["decoders", "round", "main ops/s", "vs alone", "img/s"],
           f"{cpu_model()}. {a.processes} decode processes, {a.readers} reader threads handing them batches of "
-          f"{a.batch} 256 px cache JPEGs flat out; the main thread runs tiny torch ops for {a.seconds:.0f} s a row; "
+          f"{a.batch} 256 px cache JPEGs {f'at {a.rate:g} batches/s' if a.rate else 'flat out'}; the main thread runs tiny torch ops for {a.seconds:.0f} s a row; "
           f"rows alternate. Rerun: `python benchmarks/decode_priority.py --processes {a.processes} --readers "
-          f"{a.readers} --nice {a.nice}`.", Path(a.out) if a.out else None)
+          f"{a.readers} --nice {a.nice} --batch {a.batch}{f' --rate {a.rate:g}' if a.rate else ''}`.", Path(a.out) if a.out else None)
 
 
 if __name__ == "__main__":

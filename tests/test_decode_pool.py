@@ -339,19 +339,18 @@ def test_a_default_share_without_slot_room_goes_back_to_the_gpu(jpeg_cache, aske
     assert cpu is None and len(gpu) == 6 and got is sizes and me._share == 0.0
 
 
-class _Spy:
-    """A worker's pipe, its writes recorded (and passed on unless `forward` is off)."""
+def _spy_writes(monkeypatch, forward: bool = True) -> list:
+    """The pool's writes to its workers' pipes, recorded (and passed on unless `forward` is off)."""
+    from fastdata.read.backends import decode_pool
 
-    def __init__(self, conn, sent: list, forward: bool = True):
-        self.conn, self.sent, self.forward = conn, sent, forward
+    sent, write = [], decode_pool._write_message
 
-    def send_bytes(self, msg):
-        self.sent.append(msg)
-        if self.forward:
-            self.conn.send_bytes(msg)
-
-    def __getattr__(self, name):
-        return getattr(self.conn, name)
+    def spy(fd, msg):
+        sent.append(msg)
+        if forward:
+            write(fd, msg)
+    monkeypatch.setattr(decode_pool, "_write_message", spy)
+    return sent
 
 
 @pytest.mark.parametrize("processes,readers,per_batch", [(12, 8, 3), (12, 1, 12), (2, 8, 2), (4, 4, 2), (1, 8, 1)])
@@ -364,13 +363,12 @@ def test_a_batch_is_cut_into_as_few_tasks_as_keep_the_processes_busy(processes, 
     assert tasks_per_batch(processes, readers) * readers >= processes
 
 
-def test_the_pool_sends_a_batch_in_per_batch_tasks_and_still_decodes_it_whole():
+def test_the_pool_sends_a_batch_in_per_batch_tasks_and_still_decodes_it_whole(monkeypatch):
     p = DecodePool(3, readers=3)
     sizes = [(30, 40), (9, 17), (12, 12), (33, 8)] * (2 * MIN_TASK)
     jpegs = [_jpeg(w, h, k) for k, (h, w) in enumerate(sizes)]
     h, w = np.array([s[0] for s in sizes]), np.array([s[1] for s in sizes])
-    sent = []
-    p._conns = [_Spy(c, sent) for c in p._conns]
+    sent = _spy_writes(monkeypatch)
     slot = Slot()
     try:
         flat = p.decode(slot, _batch(jpegs), h, w, str)
@@ -400,14 +398,12 @@ def test_decode_processes_run_at_the_pools_niceness_and_the_loader_keeps_its_own
     assert os.getpriority(os.PRIO_PROCESS, 0) == own
 
 
-def test_queued_tasks_go_to_a_freed_worker_oldest_first():
+def test_queued_tasks_go_to_a_freed_worker_oldest_first(monkeypatch):
     """The training thread waits for the oldest batch: with every worker busy, a freed worker takes
     the task queued first, whichever reader queued it."""
     from fastdata.read.backends.decode_pool import _Task
 
-    p, sent = DecodePool(1), []
-    real = p._conns[0]
-    p._conns = [_Spy(real, sent, forward=False)]
+    p, sent = DecodePool(1), _spy_writes(monkeypatch, forward=False)
     try:
         busy = p._idle.pop()
         older, newer = _Task(b"older"), _Task(b"newer")
@@ -420,7 +416,6 @@ def test_queued_tasks_go_to_a_freed_worker_oldest_first():
             p._pump()
         assert sent == [b"older"] and older.sent.is_set() and older.worker == 0 and not newer.sent.is_set()
     finally:
-        p._conns = [real]
         p.close()
 
 
