@@ -98,10 +98,7 @@ def augment_only(bs: int):
         yield apply_plan(x, plan, cfg), y
 
 
-def main() -> None:
-    import fastdata
-    from fastdata.read.augment import AugmentConfig
-
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -120,7 +117,14 @@ def main() -> None:
     ap.add_argument("--decode-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--only", default="", help="comma list of substrings: run the variants naming one "
                     "(and the synthetic row)")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    import fastdata
+    from fastdata.read.augment import AugmentConfig
+
+    a = _args()
     if a.decode_child:
         import _jpeg_probe
 
