@@ -48,6 +48,10 @@ stage_pyspy() {    # PROBE_ARGS under py-spy (wheel carried in .pyspy): GIL hold
         --work /tmp/zoo --out "$RES" ${PROBE_ARGS:-} 2>&1 | grep -v "Warning\|warn(" | tail -15
     $PY tools/pyspy_summary.py "$RES/pyspy-${PROBE_MODEL:-resnet18}.txt" | head -60
 }
+stage_convoy() {    # the GIL convoy on a GPU host: a wake-up's cost there, then who holds the GIL beside resnet18
+    $PY benchmarks/gil_convoy.py --rounds 2 --out "$RES" 2>&1 | grep "^|"
+    PROBE_ARGS="--jpeg --per-class 300 --seconds 8 --warmup 60 --only picked" stage_pyspy
+}
 stage_ab() {        # the read pipeline against the old tree carried in .old (git archive OLD fastdata | tar -x -C .old)
     timeout ${AB_TIMEOUT:-540} $PY benchmarks/ab_read.py --old "$PWD/.old" --per-class ${AB_PER_CLASS:-400} \
         --seconds ${AB_SECONDS:-5} --rounds ${AB_ROUNDS:-1} --rows ${AB_ROWS:-all} --out "$RES" 2>&1 | grep -v "Warning\|warn(" | tail -30
