@@ -323,7 +323,9 @@ class DecodePool:
 def _write_message(fd: int, msg: bytes) -> None:
     """msg framed as multiprocessing's Connection frames it (the worker reads it with recv_bytes), in
     one write: each system call a loader thread makes is one more time it takes the GIL back from the
-    training thread, and send_bytes/recv_bytes/wait make two to three times as many."""
+    training thread (benchmarks/gil_convoy.py). With _read_message, the loader's threads make 6 calls a
+    batch (futex aside) against 8.5 through connection.wait + recv_bytes and 24-27 through a
+    ProcessPoolExecutor (pool-syscalls-cpu2-2026-12-07.md)."""
     data = memoryview(_FRAME.pack(len(msg)) + msg)
     while data:
         data = data[os.write(fd, data):]
