@@ -59,21 +59,24 @@ def loop(model, opt, batches, seconds: float, warmup: int = 15, images_of=None) 
         steps += 1
     torch.cuda.synchronize()
     wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
-    runq, preempted = (b - a for a, b in zip(sched0, _sched()))
+    runq, preempted, blocked = (b - a for a, b in zip(sched0, _sched()))
     return {"img/s": n / wall, "ms/step": wall / steps * 1e3, "next() ms": t_next / steps * 1e3,
             "launch ms": t_rest / steps * 1e3, "main cpu ms": cpu / steps * 1e3,
-            "runq ms": runq / steps * 1e3, "preempted": preempted / steps, "graphs": _graphs()}
+            "runq ms": runq / steps * 1e3, "preempted": preempted / steps, "blocked": blocked / steps,
+            "graphs": _graphs()}
 
 
-def _sched() -> tuple[float, int]:
+def _sched() -> tuple[float, int, int]:
     """This thread's time runnable but waiting for a CPU (s, /proc/thread-self/schedstat; nan where the
-    kernel lacks it) and its involuntary context switches: the share of a slow step due to the host's
-    CPUs being taken (by decode processes), as against the GIL or the GPU, which are voluntary waits."""
+    kernel lacks it), its involuntary context switches (the host's CPUs taken, by decode processes) and
+    its voluntary ones: each time it blocked, on the GIL among others (a loader thread taking the GIL
+    back makes the training thread block for it: benchmarks/gil_convoy.py), or on the GPU."""
     try:
         waited = int(open("/proc/thread-self/schedstat").read().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         waited = float("nan")
-    return waited, resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+    use = resource.getrusage(resource.RUSAGE_THREAD)
+    return waited, use.ru_nivcsw, use.ru_nvcsw
 
 
 def _graphs() -> int:
@@ -183,7 +186,7 @@ def raw_variants(fd, syn, bs: int) -> list:
 
 def _write(a, bs: int, runs: dict[str, list[dict]], done: int) -> None:
     cols = ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms", "main cpu ms", "runq ms",
-            "preempted", "graphs"]
+            "preempted", "blocked", "graphs"]
     flags = "".join([f" --rounds {a.rounds}" if a.rounds > 1 else "", " --jpeg" if a.jpeg else "",
                      f" --size {a.size}" if a.size != 224 else "",
                      f" --warmup {a.warmup}" if a.warmup != 15 else "", f" --only '{a.only}'" if a.only else ""])
@@ -191,7 +194,8 @@ def _write(a, bs: int, runs: dict[str, list[dict]], done: int) -> None:
           cols + (["per-round ratio"] if done > 1 else []),
           f"{cpu_model()}. {a.model}, batch {bs}, {a.size} px, bf16, compile default, plain loop; "
           f"{a.seconds:.0f} s per row, {done} of {a.rounds} round(s), variants alternating; medians. runq ms: the "
-          f"main thread's time runnable but off a CPU a step; preempted: its involuntary switches a step. "
+          f"main thread's time runnable but off a CPU a step; preempted / blocked: its involuntary / voluntary "
+          f"switches a step. "
           f"Rerun: `python benchmarks/host_probe.py --model {a.model}{flags}`.",
           Path(a.out) if a.out else None)
 

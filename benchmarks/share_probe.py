@@ -183,7 +183,7 @@ def main() -> None:
     finally:
         loader.close()
     write(f"share-probe-{a.model}", rows, ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms",
-                                         "main cpu ms", "runq ms", "preempted", "decoded img/s"],
+                                         "main cpu ms", "runq ms", "preempted", "blocked", "decoded img/s"],
           f"{cpu_model()}. {a.model}, batch 256, bf16, compiled, plain loop, {a.seconds:.0f} s a row. Rerun: `python "
           f"benchmarks/share_probe.py --model {a.model} --processes {p}`.\n\n# profile of the fed share-1.0 loader\n"
           + prof, Path(a.out) if a.out else None)
