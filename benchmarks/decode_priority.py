@@ -94,13 +94,15 @@ def main() -> None:
         rows.append({"decoders": "none (main thread alone)", "round": rnd, "main ops/s": alone, "vs alone": "100.0%"})
         for nice in levels:
             r = beside_pool(cache, a.processes, a.readers, nice, a.batch, a.seconds, a.rate)
-            rows.append({"decoders": f"nice {nice}", "round": rnd, **r, "vs alone": f"{r['main ops/s'] / alone:.1%}"})
+            rows.append({"decoders": f"nice {nice}", "round": rnd, **r,
+                         "vs alone": f"{r['main ops/s'] / alone:.1%}"})
             print(rows[-1], flush=True)
     write("decode-priority", rows, ["decoders", "round", "main ops/s", "vs alone", "img/s"],
           f"{cpu_model()}. {a.processes} decode processes, {a.readers} reader threads handing them batches of "
-          f"{a.batch} 256 px cache JPEGs {f'at {a.rate:g} batches/s' if a.rate else 'flat out'}; the main thread runs tiny torch ops for {a.seconds:.0f} s a row; "
-          f"rows alternate. Rerun: `python benchmarks/decode_priority.py --processes {a.processes} --readers "
-          f"{a.readers} --nice {a.nice} --batch {a.batch}{f' --rate {a.rate:g}' if a.rate else ''}`.", Path(a.out) if a.out else None)
+          f"{a.batch} 256 px cache JPEGs {f'at {a.rate:g} batches/s' if a.rate else 'flat out'}; the main thread "
+          f"runs tiny torch ops for {a.seconds:.0f} s a row; rows alternate. Rerun: `python "
+          f"benchmarks/decode_priority.py --processes {a.processes} --readers {a.readers} --nice {a.nice} "
+          f"--batch {a.batch}{f' --rate {a.rate:g}' if a.rate else ''}`.", Path(a.out) if a.out else None)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ from ..spans import EncodedBatch
 from . import host_pin
 from .cpu_share import rgb_at_size
 
-MIN_TASK = 16          # images per worker task at least: each task costs the loader's process a pickle
-RESERVED_CPUS = 4      # left to the training thread, the GPU thread, the readers and the pool's own threads
+MIN_TASK = 16          # images per worker task at least: each task costs the loader's process a write and a read
+RESERVED_CPUS = 4      # left to the training thread, the GPU thread and the readers
 FULL_SHARE = 12        # decode processes that took every image (share 1.0) beside resnet18 on an H100 host:
                        # ~1.5k img/s each (share-probe-resnet18-H100-80GB-HBM3-2026-12-07.md: 12 gave 18.5k)
 REF_PIXELS = 256 * 256  # ... of the images of that run's cache (build-cache --encode jpeg --size 256)
@@ -54,6 +54,7 @@ DECODE_NICE = 10        # added to the decode processes' niceness: a CPU they sh
                         # GIL while descheduled would stall the training thread behind it
 _ALIGN = 4096
 _FRAME = struct.Struct("!i")    # multiprocessing.connection's frame: a message's length, big-endian
+_HEAD = struct.Struct("<QI")    # a task's head: its slot's size and the length of its slot's path, then the path
 _MAPS: dict[str, tuple[int, mmap.mmap]] = {}    # worker: the slots it has mapped, by path
 _MAX_MAPS = 64
 
@@ -206,7 +207,7 @@ class DecodePool:
     160 px against 90.1% / 57.4% (host-probe-resnet18-jpeg-H100-80GB-HBM3-2026-12-07-fifo-*)."""
 
     def __init__(self, processes: int, readers: int = 1, nice: int | None = None) -> None:
-        self.processes, nice = processes, DECODE_NICE if nice is None else nice
+        nice = DECODE_NICE if nice is None else nice
         self.per_batch = tasks_per_batch(processes, readers)
         ctx = multiprocessing.get_context("fork")
         self._conns, self._procs, self._idle = [], [], []
@@ -236,7 +237,8 @@ class DecodePool:
         table = np.stack([packed.starts, lens, outs, heights, widths], axis=1).astype(np.int64)
         tasks = max(1, min(self.per_batch, len(batch) // MIN_TASK))
         bounds = np.linspace(0, len(batch), tasks + 1).astype(int).tolist()
-        head = struct.pack("<QI", slot.size, len(slot.path.encode())) + slot.path.encode()
+        path = slot.path.encode()
+        head = _HEAD.pack(slot.size, len(path)) + path
         failed = self._run(slot, [head + table[lo:hi].tobytes() for lo, hi in zip(bounds[:-1], bounds[1:])])
         if failed:
             k, row, why = failed[0]
@@ -268,8 +270,7 @@ class DecodePool:
                     self._idle.append(task.worker)
                     self._pump()
         except (EOFError, OSError) as e:
-            self._fail(f"a decode process of the loader died (killed, or out of memory: {slot.path} holds each "
-                       f"batch's share; {type(e).__name__}); lower cpu_processes, or set it to 0")
+            self._fail(_died(e, slot.path))
         except BaseException as e:  # a worker in flight is now lost to the idle list: later calls fail, not hang
             if not isinstance(e, LoaderError):
                 self._fail(f"the decode processes were left mid-batch ({type(e).__name__}); make a new loader")
@@ -285,8 +286,7 @@ class DecodePool:
                 _write_message(self._conns[k].fileno(), task.msg)
             except OSError as e:
                 self._pending.appendleft(task)
-                self._fail(f"a decode process of the loader died (killed, or out of memory; {type(e).__name__}); "
-                           f"lower cpu_processes, or set it to 0", locked=True)
+                self._fail(_died(e), locked=True)
                 return
             task.worker = k
             task.sent.set()
@@ -309,7 +309,7 @@ class DecodePool:
         process forked since may hold a copy of the loader's end); one still there after 10 s is killed."""
         for c in self._conns:
             try:
-                c.send_bytes(b"")
+                _write_message(c.fileno(), b"")
             except OSError:
                 pass
             c.close()
@@ -318,6 +318,13 @@ class DecodePool:
             if p.exitcode is None:
                 p.kill()
                 p.join()
+
+
+def _died(e: BaseException, path: str | None = None) -> str:
+    """Why the pool is broken when a worker's pipe fails: one message wherever it is found."""
+    held = f": {path} holds each batch's share" if path else ""
+    return (f"a decode process of the loader died (killed, or out of memory{held}; {type(e).__name__}); "
+            f"lower cpu_processes, or set it to 0")
 
 
 def _write_message(fd: int, msg: bytes) -> None:
@@ -356,9 +363,9 @@ def _serve(conn, others: list, nice: int) -> None:
             return
         if not msg:
             return
-        size, n = struct.unpack_from("<QI", msg)
+        size, n = _HEAD.unpack_from(msg)
         try:
-            bad = decode_task(msg[12:12 + n].decode(), size, msg[12 + n:])
+            bad = decode_task(msg[_HEAD.size:_HEAD.size + n].decode(), size, msg[_HEAD.size + n:])
         except Exception as e:  # noqa: BLE001 - not an image's fault (memory, the slot): told, not a dead worker
             bad = -1, f"{type(e).__name__}: {e}"
         conn.send_bytes(b"" if bad is None else f"{bad[0]}\n{bad[1]}".encode(errors="replace"))
