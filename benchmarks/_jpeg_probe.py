@@ -183,15 +183,39 @@ def child(jpeg_cache: str, bs: int, rate: float) -> None:
     decode_forever(encoded_batch(Path(jpeg_cache), bs), rate)
 
 
+def lead_variants(syn, default, gpu_only) -> list:
+    """Rows bounding the host's lead over the GPU (max_inflight_batches, _lead.py), with the GIL sampler."""
+    from _lead import Fenced, GilSampled
+    from models import forever
+
+    return [
+        ("synthetic bf16 batch, GIL sampled", lambda: GilSampled(forever(syn), "synthetic"), None),
+        ("synthetic bf16 batch, 2 batches in flight (fenced)", lambda: Fenced(forever(syn), 2), None),
+        ("synthetic bf16 batch, 2 batches in flight, GIL sampled",
+         lambda: GilSampled(Fenced(forever(syn), 2), "synthetic, 2 in flight"), None),
+        ("jpeg nvjpeg loader, default options, GIL sampled", lambda: GilSampled(Tweaked(default()), "default"), None),
+        *[(f"jpeg nvjpeg loader, default options, max_inflight_batches={k}",
+           lambda k=k: Tweaked(default(max_inflight_batches=k)), None) for k in (1, 2, 3)],
+        ("jpeg nvjpeg loader, default options, max_inflight_batches=2, GIL sampled",
+         lambda: GilSampled(Tweaked(default(max_inflight_batches=2)), "default, 2 in flight"), None),
+        ("jpeg nvjpeg loader, GPU only (cpu_share=0), max_inflight_batches=2",
+         lambda: gpu_only(max_inflight_batches=2), None),
+    ]
+
+
 def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
     """(name, make, images_of) rows for host_probe.main; fd(**kw) makes a fastdata.loader."""
     def jpeg(**kw):     # the GPU decodes every image unless a row gives a CPU share (in threads unless processes)
         return fd(cache=jpeg_cache, backend="nvjpeg", **{"cpu_share": 0.0, "cpu_processes": 0, **kw})
 
+    def default(**kw):
+        return fd(cache=jpeg_cache, backend="nvjpeg", **kw)
+
     return [
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
         ("jpeg nvjpeg loader, default options (cpu share and processes picked from the CPUs)",
-         lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg")), None),
+         lambda: Tweaked(default()), None),
+        *lead_variants(syn, default, lambda **kw: Tweaked(jpeg(**kw))),
         ("jpeg nvjpeg loader, default options but one task a process",
          lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg"), tasks=12), None),
         ("jpeg nvjpeg loader, default options but decode processes at nice 0 (before)",

@@ -181,6 +181,8 @@ def raw_variants(fd, syn, bs: int) -> list:
         ("loader compiled kernel, 8 threads", lambda: fd(kernel="compiled"), None),
         ("loader eager kernel, 8 threads", lambda: fd(kernel="eager"), None),
         ("loader triton, switch interval 0.2 ms", "switch", None),
+        ("loader triton, 8 threads, max_inflight_batches=2", lambda: fd(max_inflight_batches=2), None),
+        ("loader triton, 8 threads, max_inflight_batches=3", lambda: fd(max_inflight_batches=3), None),
     ]
 
 

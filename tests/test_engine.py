@@ -218,7 +218,7 @@ def test_partial_batch_beside_a_captured_graph_runs_eagerly(monkeypatch):
 
 
 def test_step_fence_waits_on_the_oldest_step_once_the_limit_is_reached():
-    from fastdata.engine.fence import StepFence
+    from fastdata.read.fence import StepFence
 
     log, made = [], []
 

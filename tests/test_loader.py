@@ -342,3 +342,41 @@ def test_nvjpeg_lanes_must_be_a_whole_number_of_threads(lanes, tmp_path):
     with pytest.raises(LoaderError, match=rf"NvjpegOptions\(lanes={re.escape(repr(lanes))}\): give a whole number"):
         LoaderConfig(batch_size=4, backend="nvjpeg", options=NvjpegOptions(lanes=lanes)).check()
     assert LoaderConfig(batch_size=4, backend="nvjpeg", options=NvjpegOptions(lanes=3)).check().options.lanes == 3
+
+
+def test_max_inflight_batches_waits_on_the_batch_before_last_and_keeps_every_sample(raw_cache, monkeypatch):
+    """A bounded lead (fence.py): before batch k is handed out the loader waits for the GPU work launched
+    up to batch k-1's next() (limit 2); on the CPU the same loader hands out the same samples."""
+    from fastdata.read import core
+
+    log = []
+
+    class FakeEvent:
+        made = 0
+
+        def __init__(self):
+            self.n, FakeEvent.made = FakeEvent.made, FakeEvent.made + 1
+
+        def record(self):
+            log.append(("record", self.n))
+
+        def synchronize(self):
+            log.append(("sync", self.n))
+
+    plain = [x.tolist() for x in epoch_indices(fastdata.loader(raw_cache, 16, device="cpu", seed=3))]
+    monkeypatch.setattr(core, "cuda_event_factory", lambda device, blocking: FakeEvent)
+    dl = fastdata.loader(raw_cache, 16, device="cpu", seed=3, max_inflight_batches=2)
+    seen = []
+    for batch in dl:
+        log.append(("batch", len(seen)))
+        seen.append(batch.indices.tolist())
+    assert seen == plain and len(seen) == 8
+    assert log[:7] == [("record", 0), ("batch", 0), ("record", 1), ("sync", 0), ("batch", 1), ("record", 2),
+                       ("sync", 1)]
+    assert [e for e in log if e[0] == "sync"] == [("sync", k) for k in range(7)]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_max_inflight_batches_must_be_a_whole_number(raw_cache, bad):
+    with pytest.raises(LoaderError, match="max_inflight_batches="):
+        fastdata.loader(raw_cache, 8, device="cpu", max_inflight_batches=bad)

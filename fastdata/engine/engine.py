@@ -20,7 +20,7 @@ from ..errors import EngineError
 from . import checkpoint as ckpt
 from .config import EngineConfig
 from .distributed import init_from_env, local_device, rank, wrap
-from .fence import StepFence, cuda_event_factory
+from ..read.fence import StepFence, cuda_event_factory
 from .graph import compile_model, compiler_failed, try_capture, unwrap, without_compile
 from .step import TrainStep, make_scaler
 

@@ -163,6 +163,9 @@ class LoaderConfig:
     # an image folder's class folders without images: an error naming one (torchvision's ImageFolder
     # raises too), or labels without samples (its allow_empty=True); caches decided this at build time
     allow_empty_classes: bool = False
+    # batches handed out whose GPU work may still be queued: before handing out the next one the loader
+    # waits, GIL released, until the GPU is that close (fence.py says why). 0: no bound (torch's own)
+    max_inflight_batches: int = 0
     options: RawOptions | DecodeOptions | NvjpegOptions | DaliOptions = field(default_factory=RawOptions)
 
     @property
@@ -191,6 +194,9 @@ class LoaderConfig:
             raise LoaderError(f"seed={self.seed!r}: give an integer")
         if self.batch_size < 1:
             raise LoaderError(f"batch_size={self.batch_size}: must be at least 1")
+        inflight = self.max_inflight_batches
+        if not isinstance(inflight, numbers.Integral) or isinstance(inflight, bool) or inflight < 0:
+            raise LoaderError(f"max_inflight_batches={inflight!r}: give a whole number of batches, or 0 for no bound")
         if self.reader_threads < 1 or self.read_ahead < 1:
             raise LoaderError(f"threads={self.reader_threads}, prefetch={self.read_ahead}: both must be at least 1")
         if not isinstance(self.options, OPTIONS[self.backend]):

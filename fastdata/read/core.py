@@ -35,6 +35,7 @@ import torch
 from ..errors import CacheFormatError, LoaderError
 from .batch import Batch, Coverage
 from .config import LoaderConfig
+from .fence import StepFence, cuda_event_factory
 from .order import OrderConfig, SampleOrder, resolve_rank_world
 
 STATE_VERSION = 2      # 1: {"order", "coverage"} (fastdata 0.1 wave 1); 2 adds "version" and "backend"
@@ -68,6 +69,8 @@ class Loader:
         self._inflight: deque = deque()   # reads (and stages) made ahead, oldest first
         self._pass = (0, 0)               # (epoch, position) where the current pass started
         self._resume_pending = False      # set by load_state_dict: the next iter() continues from there
+        # the host's lead over the GPU, bounded in batches (fence.py): a sleeping wait, GIL released
+        self._fence = StepFence(cfg.max_inflight_batches, cuda_event_factory(self.device, blocking=True))
 
     # ---- the DataLoader-like surface ------------------------------------------------------------
     def __len__(self) -> int:
@@ -146,6 +149,8 @@ class Loader:
     def _streamed(self, n: int, token):
         for _ in range(n):
             self._check_token(token)
+            self._fence.record()
+            self._fence.wait()
             idx, images, labels = self.backend.next_batch(self.order.epoch, self.order.position)
             self._yielded(idx)
             yield Batch(images, labels, torch.from_numpy(idx), self.source)
@@ -161,6 +166,7 @@ class Loader:
             next(plan)
         for k in range(len(batches)):
             self._check_token(token)
+            self._fence.record()          # the GPU work launched up to this next()
             while len(self._inflight) <= self.cfg.read_ahead:
                 nxt = next(plan, None)
                 if nxt is None:
@@ -169,6 +175,7 @@ class Loader:
             batch_no = pos // self.cfg.batch_size + k
             for j in range(min(len(self._inflight), 1 + self.backend.stage_ahead)):
                 self._stage(self._inflight[j], batch_no + j)
+            self._fence.wait()            # after the reads and stages are under way
             ent = self._inflight.popleft()
             images, labels = self.backend.finish(ent["staged"], ent["idx"])
             self._yielded(ent["idx"])

@@ -142,7 +142,8 @@ def _make_backend(data, cfg: LoaderConfig, device: torch.device, requested: str 
 def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto", shuffle: bool = True,
            seed: int = 0, drop_last: bool = False, augment: bool | AugmentConfig | None = None,
            threads: int | None = None, prefetch: int | None = None, rank: int | None = None,
-           world_size: int | None = None, allow_empty_classes: bool = False, **options) -> Loader:
+           world_size: int | None = None, allow_empty_classes: bool = False, max_inflight_batches: int = 0,
+           **options) -> Loader:
     """Batches of (images, labels) on `device`, from any data fastdata reads.
 
     augment: None/False -> uint8 NHWC batches (backend raw); True -> train-time RandomResizedCrop(224),
@@ -150,7 +151,8 @@ def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto"
     crop to augment.size (AugmentConfig() when none is given). options: the backend's own settings
     (config.RawOptions, DecodeOptions, NvjpegOptions, DaliOptions); one the backend does not take is a
     LoaderError. allow_empty_classes: an image folder's class folders without images become labels
-    without samples (ImageFolder's allow_empty) instead of an error naming one.
+    without samples (ImageFolder's allow_empty) instead of an error naming one. max_inflight_batches:
+    how many handed-out batches' GPU work may still be queued when the next is handed out (fence.py).
     """
     augment = AugmentConfig() if augment is True else (None if augment is False else augment)
     data = user_path(data)
@@ -165,6 +167,7 @@ def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto"
     cfg = LoaderConfig(batch_size=batch_size, backend=name, device=str(dev), shuffle=shuffle, seed=seed,
                        drop_last=drop_last, augment=augment, threads=threads, prefetch=prefetch, rank=rank,
                        world_size=world_size, allow_empty_classes=bool(allow_empty_classes),
+                       max_inflight_batches=max_inflight_batches,
                        options=split_options(name, options)).check()
     chosen = _make_backend(data, cfg, dev, LEGACY.get(backend, backend))
     return Loader(chosen, chosen.cfg)     # (the backend's cfg: a folder DALI cannot read goes to pil)
