@@ -145,6 +145,23 @@ class Niced(Tweaked):
         super().__init__(loader)
 
 
+class CopiedIn(Tweaked):
+    """The read path before 2026-12-07's last change: a batch's spans walked shard by shard, and the CPU
+    share's JPEG bytes copied into the slot by the reader (decode_pool.DIRECT_READS off until close)."""
+
+    def __init__(self, make) -> None:
+        from fastdata.read.backends import decode_pool
+
+        self.module, decode_pool.DIRECT_READS = decode_pool, False
+        loader = make()
+        loader.backend.encoded._index = None
+        super().__init__(loader)
+
+    def close(self) -> None:
+        super().close()
+        self.module.DIRECT_READS = True
+
+
 class PilShare(Tweaked):
     """A loader whose CPU share is decoded by PIL instead of torchvision (cpu_share.DECODER), restored on close."""
 
@@ -215,6 +232,10 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
         ("jpeg nvjpeg loader, default options (cpu share and processes picked from the CPUs)",
          lambda: Tweaked(default()), None),
+        ("jpeg nvjpeg loader, default options but spans walked by shard, JPEGs copied into the slot (before)",
+         lambda: CopiedIn(default), None),
+        ("jpeg nvjpeg loader, default options, max_inflight_batches=2, spans walked by shard, JPEGs copied (before)",
+         lambda: CopiedIn(lambda: default(max_inflight_batches=2)), None),
         *lead_variants(syn, default, lambda **kw: Tweaked(jpeg(**kw))),
         ("jpeg nvjpeg loader, default options but one task a process",
          lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg"), tasks=12), None),

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import resource
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -59,14 +61,15 @@ def loop(model, opt, batches, seconds: float, warmup: int = 15, images_of=None) 
         steps += 1
     torch.cuda.synchronize()
     wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
-    runq, preempted, blocked = (b - a for a, b in zip(sched0, _sched()))
+    runq, preempted, blocked, others = (b - a for a, b in zip(sched0, _sched()))
     return {"img/s": n / wall, "ms/step": wall / steps * 1e3, "next() ms": t_next / steps * 1e3,
             "launch ms": t_rest / steps * 1e3, "main cpu ms": cpu / steps * 1e3,
             "runq ms": runq / steps * 1e3, "preempted": preempted / steps, "blocked": blocked / steps,
+            "others blocked": others / steps,
             "graphs": _graphs()}
 
 
-def _sched() -> tuple[float, int, int]:
+def _sched() -> tuple[float, int, int, int]:
     """This thread's time runnable but waiting for a CPU (s, /proc/thread-self/schedstat; nan where the
     kernel lacks it), its involuntary context switches (the host's CPUs taken, by decode processes) and
     its voluntary ones: each time it blocked, on the GIL among others (a loader thread taking the GIL
@@ -76,7 +79,22 @@ def _sched() -> tuple[float, int, int]:
     except (OSError, IndexError, ValueError):
         waited = float("nan")
     use = resource.getrusage(resource.RUSAGE_THREAD)
-    return waited, use.ru_nivcsw, use.ru_nvcsw
+    return waited, use.ru_nivcsw, use.ru_nvcsw, _others_blocked()
+
+
+def _others_blocked() -> int:
+    """Voluntary switches of this process's other threads (loader threads, torch's autograd thread): each
+    is a thread going to sleep, and most wake again to take the GIL back."""
+    me, total = threading.get_native_id(), 0
+    for task in os.scandir("/proc/self/task"):
+        if task.name == str(me):
+            continue
+        try:
+            with open(f"{task.path}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt"))
+        except (OSError, StopIteration, ValueError):
+            pass
+    return total
 
 
 def _graphs() -> int:
@@ -188,7 +206,7 @@ def raw_variants(fd, syn, bs: int) -> list:
 
 def _write(a, bs: int, runs: dict[str, list[dict]], done: int) -> None:
     cols = ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms", "main cpu ms", "runq ms",
-            "preempted", "blocked", "graphs"]
+            "preempted", "blocked", "others blocked", "graphs"]
     flags = "".join([f" --rounds {a.rounds}" if a.rounds > 1 else "", " --jpeg" if a.jpeg else "",
                      f" --size {a.size}" if a.size != 224 else "",
                      f" --warmup {a.warmup}" if a.warmup != 15 else "", f" --only '{a.only}'" if a.only else ""])
@@ -197,7 +215,7 @@ def _write(a, bs: int, runs: dict[str, list[dict]], done: int) -> None:
           f"{cpu_model()}. {a.model}, batch {bs}, {a.size} px, bf16, compile default, plain loop; "
           f"{a.seconds:.0f} s per row, {done} of {a.rounds} round(s), variants alternating; medians. runq ms: the "
           f"main thread's time runnable but off a CPU a step; preempted / blocked: its involuntary / voluntary "
-          f"switches a step. "
+          f"switches a step; others blocked: the other threads' voluntary switches a step. "
           f"Rerun: `python benchmarks/host_probe.py --model {a.model}{flags}`.",
           Path(a.out) if a.out else None)
 

@@ -21,6 +21,7 @@ import numpy as np
 from ..cache.jpeg_header import baseline_sizes
 from ..cache.sources import Source, discover, read_item
 from .reader import open_cache
+from .sample_index import SampleIndex
 from .select import is_cache
 from .spans import EncodedBatch
 from ..errors import LoaderError
@@ -54,6 +55,8 @@ class EncodedSource:
             self.window = 16384
             self._sizes: dict[int, np.ndarray] = {}     # shard -> its JPEGs' baseline sizes (shard_sizes)
             self._sizes_lock = threading.Lock()
+            # a local cache's batches in a few numpy calls (sample_index.py); an evicting store's shard by shard
+            self._index = None if self.cache.store.evicts else SampleIndex(self.cache)
         else:
             src = src or discover(path, allow_empty_classes=allow_empty_classes)
             self.layout = src.layout
@@ -115,6 +118,8 @@ class EncodedSource:
         cache.check_integrity()
         if len(idx) and (idx.min() < 0 or idx.max() >= len(cache)):
             raise IndexError(f"{self.path}: sample index out of range for a cache of {len(cache)} samples")
+        if self._index is not None:
+            return self._index.spans(idx, sizes)
         which, starts, ends = (np.empty(len(idx), dtype=np.int64) for _ in range(3))
         labels = np.empty(len(idx), dtype=np.int64)
         hw = np.empty((len(idx), 2), dtype=np.int64) if sizes else None
@@ -137,6 +142,8 @@ class EncodedSource:
         reader threads held the GIL about as long as resnet18's training step on an H100 (py-spy:
         pyspy-share-H100-2026-12-07-summary.txt), which the launching thread waited for: every nvjpeg
         variant that needs sizes (the NVJPG engines, a CPU share) fed it at 27-50% of synthetic."""
+        if self._index is not None:
+            return self._index.shard_sizes(s)
         got = self._sizes.get(s)
         if got is None:
             with self._sizes_lock:

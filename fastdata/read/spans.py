@@ -29,6 +29,9 @@ class EncodedBatch:
     # (n, 2) int64 (height, width) of each baseline colour JPEG, -1 where not one; None: not yet known
     # (a JPEG cache's readers fill it from a walk of each shard's headers made once: EncodedSource)
     sizes: np.ndarray | None = None
+    # (path, file offset of the buffer's byte 0, file size, inode) of each buffer that maps a file, so a
+    # decode process can read the samples from the file itself (decode_pool.py); None: not all buffers do
+    files: tuple[tuple[str, int, int, int], ...] | None = None
 
     @classmethod
     def of_arrays(cls, arrays: list[np.ndarray], labels) -> "EncodedBatch":
@@ -48,7 +51,7 @@ class EncodedBatch:
     def take(self, lo: int, hi: int) -> "EncodedBatch":
         """Samples lo..hi-1 (the same buffers)."""
         return EncodedBatch(self.buffers, self.which[lo:hi], self.starts[lo:hi], self.ends[lo:hi],
-                            self.labels[lo:hi], None if self.sizes is None else self.sizes[lo:hi])
+                            self.labels[lo:hi], None if self.sizes is None else self.sizes[lo:hi], self.files)
 
     def nbytes(self) -> int:
         return int((self.ends - self.starts).sum())

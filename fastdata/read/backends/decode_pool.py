@@ -52,11 +52,16 @@ DECODE_NICE = 10        # added to the decode processes' niceness: a CPU they sh
                         # never waited for a CPU (runq 0) and nice 0 or 10 fed resnet18 alike (92.2% / 92.6%,
                         # ...-pipes-a.md): a guard for busier hosts. Threads are not niced: one holding the
                         # GIL while descheduled would stall the training thread behind it
+# True: a JPEG cache's share is read by the decode processes from the cache's files (its rows name the file
+# and offset), where the reader thread first copied each JPEG into the slot (a Python loop over the share,
+# under the GIL: 15-20% of the reader threads' GIL samples beside resnet18 on an H100). False: always copy
+DIRECT_READS = True
 _ALIGN = 4096
 _FRAME = struct.Struct("!i")    # multiprocessing.connection's frame: a message's length, big-endian
-_HEAD = struct.Struct("<QI")    # a task's head: its slot's size and the length of its slot's path, then the path
-_MAPS: dict[str, tuple[int, mmap.mmap]] = {}    # worker: the slots it has mapped, by path
-_MAX_MAPS = 64
+_HEAD = struct.Struct("<QII")   # a task's head: its slot's size, the length of its path, the files it names; the path
+_FILE = struct.Struct("<QQI")   # a file the rows read from: its size, inode and the length of its path; the path
+_MAPS: dict[str, tuple[int, mmap.mmap]] = {}    # worker: the slots and cache files it has mapped, by path
+_MAX_MAPS = 256
 
 
 class SlotSpaceError(LoaderError):
@@ -135,26 +140,46 @@ def _worker_init(nice: int) -> None:
             pass
 
 
-def _slot_bytes(path: str, size: int) -> np.ndarray:
-    """Worker: the slot's bytes, mapped once per slot file."""
+def _mapped(path: str, size: int, inode: int | None = None) -> np.ndarray:
+    """Worker: a slot's bytes (writable), or a cache file's (read-only, inode checked: a cache rebuilt
+    under the loader is a new file at the same path), mapped once per file."""
     got = _MAPS.get(path)
     if got is None or got[0] != size:
         while len(_MAPS) >= _MAX_MAPS:
             _MAPS.pop(next(iter(_MAPS)))[1].close()
-        with open(path, "r+b") as f:
-            got = _MAPS[path] = (size, mmap.mmap(f.fileno(), size))
+        with open(path, "rb" if inode else "r+b") as f:
+            st = os.fstat(f.fileno())
+            if inode and (st.st_ino, st.st_size) != (inode, size):
+                raise _Changed(f"{path} changed since the loader opened it")
+            got = _MAPS[path] = (size, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ if inode else
+                                                 mmap.ACCESS_WRITE))
     return np.frombuffer(got[1], dtype=np.uint8)
 
 
-def decode_task(path: str, size: int, table: bytes) -> tuple[int, str] | None:
-    """Worker: decode each image of table (int64 rows of start, length, out offset, height, width)
-    from the slot's bytes into its planar place in the slot. None, or (row, why) for the first image
-    that failed (the loader names it)."""
-    buf = _slot_bytes(path, size)
-    rows = np.frombuffer(table, dtype=np.int64).reshape(-1, 5).tolist()
-    for j, (a, n, o, h, w) in enumerate(rows):
+class _Changed(Exception):
+    """A cache file is not the one the loader mapped."""
+
+
+def decode_task(msg: bytes) -> tuple[int, str] | None:
+    """Worker: decode each image of a task (int64 rows of source, start, length, out offset, height, width;
+    source 0 is the slot, k the task's k-th file) into its planar place in the slot. None, or (row, why)
+    for the first image that failed (the loader names it; row -1: no image's fault)."""
+    size, n, files = _HEAD.unpack_from(msg)
+    at = _HEAD.size + n
+    buf = _mapped(msg[_HEAD.size:at].decode(), size)
+    sources = [buf]
+    for _ in range(files):
+        fsize, inode, k = _FILE.unpack_from(msg, at)
+        at += _FILE.size + k
         try:
-            buf[o:o + 3 * h * w].reshape(3, h, w)[...] = rgb_at_size(buf[a:a + n], h, w).transpose(2, 0, 1)
+            sources.append(_mapped(msg[at - k:at].decode(), fsize, inode))
+        except (OSError, _Changed) as e:
+            return -1, f"{e}; the cache was rebuilt or moved while a loader read it: make a new loader"
+    rows = np.frombuffer(msg, dtype=np.int64, offset=at + -at % 8).reshape(-1, 6).tolist()
+    for j, (f, a, n, o, h, w) in enumerate(rows):
+        try:
+            pixels = rgb_at_size(sources[f][a:a + n], h, w)
+            buf[o:o + 3 * h * w].reshape(3, h, w)[...] = pixels.transpose(2, 0, 1)
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
             return j, str(e) or type(e).__name__
     return None
@@ -228,17 +253,22 @@ class DecodePool:
                name_of) -> np.ndarray:
         """Reader thread: the batch decoded into the slot as planar RGB images back to back (1-D uint8,
         a view of the slot, valid until the slot's next decode). name_of(j) names image j in an error."""
-        lens = batch.ends - batch.starts
-        n_in = -(-int(lens.sum()) // _ALIGN) * _ALIGN
-        sizes = heights * widths * 3
+        lens, sizes = batch.ends - batch.starts, heights * widths * 3
+        direct = DIRECT_READS and batch.files is not None
+        n_in = 0 if direct else -(-int(lens.sum()) // _ALIGN) * _ALIGN
         buf = slot.ensure(n_in + int(sizes.sum()))
-        packed = batch.packed(buf[:n_in])
+        if direct:      # the processes read the JPEGs from the cache's files: no copy here, under the GIL
+            used, which = np.unique(batch.which, return_inverse=True)
+            files = [batch.files[k] for k in used.tolist()]
+            source = which + 1
+            starts = batch.starts + np.array([f[1] for f in files], dtype=np.int64)[which]
+        else:           # bytes with no file behind them (JPEG files, an evicting store): copied into the slot
+            files, source, starts = [], np.zeros(len(batch), np.int64), batch.packed(buf[:n_in]).starts
         outs = n_in + np.cumsum(sizes) - sizes
-        table = np.stack([packed.starts, lens, outs, heights, widths], axis=1).astype(np.int64)
+        table = np.stack([source, starts, lens, outs, heights, widths], axis=1).astype(np.int64)
         tasks = max(1, min(self.per_batch, len(batch) // MIN_TASK))
         bounds = np.linspace(0, len(batch), tasks + 1).astype(int).tolist()
-        path = slot.path.encode()
-        head = _HEAD.pack(slot.size, len(path)) + path
+        head = _task_head(slot, files)
         failed = self._run(slot, [head + table[lo:hi].tobytes() for lo, hi in zip(bounds[:-1], bounds[1:])])
         if failed:
             k, row, why = failed[0]
@@ -320,6 +350,17 @@ class DecodePool:
                 p.join()
 
 
+def _task_head(slot: Slot, files: list[tuple[str, int, int, int]]) -> bytes:
+    """A task's head: the slot, then each file its rows read (path, size and inode: checked by the worker)."""
+    path = slot.path.encode()
+    parts = [_HEAD.pack(slot.size, len(path), len(files)), path]
+    for name, _, size, inode in files:
+        name = name.encode()
+        parts += [_FILE.pack(size, inode, len(name)), name]
+    head = b"".join(parts)
+    return head + bytes(-len(head) % 8)     # the rows start 8-aligned
+
+
 def _died(e: BaseException, path: str | None = None) -> str:
     """Why the pool is broken when a worker's pipe fails: one message wherever it is found."""
     held = f": {path} holds each batch's share" if path else ""
@@ -363,9 +404,8 @@ def _serve(conn, others: list, nice: int) -> None:
             return
         if not msg:
             return
-        size, n = _HEAD.unpack_from(msg)
         try:
-            bad = decode_task(msg[_HEAD.size:_HEAD.size + n].decode(), size, msg[_HEAD.size + n:])
+            bad = decode_task(msg)
         except Exception as e:  # noqa: BLE001 - not an image's fault (memory, the slot): told, not a dead worker
             bad = -1, f"{type(e).__name__}: {e}"
         conn.send_bytes(b"" if bad is None else f"{bad[0]}\n{bad[1]}".encode(errors="replace"))
