@@ -138,12 +138,13 @@ def test_a_caches_sizes_are_walked_once_a_shard_and_match_the_walk_per_batch(jpe
     """get_spans(sizes=True): sizes from one header walk of each shard (walked per batch, the headers
     cost the reader threads the GIL a fast model's launches needed), equal to the batch's own walk;
     a batch slice and a packed batch keep them."""
-    from fastdata.read import encoded
+    from fastdata.read import encoded, sample_index
     from fastdata.read.encoded import EncodedSource
 
     walks = []
     real = encoded.baseline_sizes
-    monkeypatch.setattr(encoded, "baseline_sizes", lambda *a, **kw: walks.append(len(a[1])) or real(*a, **kw))
+    for module in (encoded, sample_index):     # (sample_index.py for a local cache, encoded.py's walk otherwise)
+        monkeypatch.setattr(module, "baseline_sizes", lambda *a, **kw: walks.append(len(a[1])) or real(*a, **kw))
     src = EncodedSource(jpeg_cache)
     idx = np.array([len(src) - 1, 0, 5, 3, 1])
     for _ in range(3):
