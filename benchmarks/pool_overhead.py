@@ -2,7 +2,8 @@
 
     python benchmarks/pool_overhead.py [--processes 12] [--readers 8] [--batch 256] [--seconds 6]
 
-The decode processes take no GIL from the training process, but handing them work does, in the
+The decode processes take no GIL from the training process, but finding a batch's bytes and handing
+them work does, in the
 loader's own process, beside a launch-bound training thread (resnet18 on an H100). `readers` threads
 hand batches to a DecodePool flat out, as the nvjpeg backend's reader threads do, cut into each of
 --tasks tasks in turn; the table gives the loader process's CPU seconds (process_time: the decode
@@ -48,33 +49,46 @@ def check_jpeg_cache(cache: Path) -> None:
         raise SystemExit(2)
 
 
-def run(cache: Path, processes: int, readers: int, tasks: int, n: int, seconds: float) -> dict:
-    from fastdata.read.backends.decode_pool import DecodePool, Slot
+READ_PATHS = {"index, files": True, "shard walk, copied (before)": False}
+
+
+def run(cache: Path, processes: int, readers: int, tasks: int, n: int, seconds: float, path: str) -> dict:
+    """Reader threads flat out: each batch's spans and sizes looked up (random samples, as a shuffled
+    epoch reads them), then decoded by the pool; `path` picks READ_PATHS' way of doing both."""
+    from fastdata.read.backends import decode_pool
     from fastdata.read.encoded import EncodedSource
 
     src = EncodedSource(cache)
-    batch = src.get_spans(np.arange(n) % len(src), sizes=True)
-    h, w = batch.baseline_sizes()
-    pool = DecodePool(processes, readers)
+    decode_pool.DIRECT_READS = READ_PATHS[path]
+    if not READ_PATHS[path]:
+        src._index = None
+    pool = decode_pool.DecodePool(processes, readers)
     pool.per_batch, done = tasks, []
 
-    def work(_k, stop):
-        slot = Slot()
+    def read(slot, rng):
+        batch = src.get_spans(np.sort(rng.choice(len(src), n)), sizes=True)
+        h, w = batch.baseline_sizes()
+        pool.decode(slot, batch, h, w, str)
+
+    def work(k, stop):
+        slot, rng = decode_pool.Slot(), np.random.default_rng(k)
         while not stop.is_set():
             t0 = time.perf_counter()
-            pool.decode(slot, batch, h, w, str)
+            read(slot, rng)
             done.append(time.perf_counter() - t0)
         slot.close()
 
-    warm = Slot()
-    pool.decode(warm, batch, h, w, str)     # every process forked and warm before the clock
+    warm = decode_pool.Slot()
+    for _ in range(processes):      # every process forked and warm, every shard indexed, before the clock
+        read(warm, np.random.default_rng(99))
     warm.close()
     c0 = time.process_time()
     wall = flat_out(work, readers, seconds)
     cpu = time.process_time() - c0
     pool.close()
+    decode_pool.DIRECT_READS = True
     k = len(done)
-    return {"tasks a batch": pool.per_batch, "batches": k, "img/s": k * n / wall,
+    return {"read path": path, "tasks a batch": pool.per_batch, "batches": k, "img/s": k * n / wall,
             "loader CPU ms a batch": cpu / max(k, 1) * 1e3, "batch ms median": np.median(done) * 1e3,
             "batch ms p90": np.percentile(done, 90) * 1e3}
 
@@ -104,13 +118,15 @@ def main() -> None:
     rows = []
     for rnd in range(a.rounds):
         for k in splits:
-            r = {"round": rnd, **run(cache, a.processes, a.readers, k, a.batch, a.seconds)}
-            print(r, flush=True)
-            rows.append(r)
-    write("pool-overhead", rows, ["round", "tasks a batch", "batches", "img/s", "loader CPU ms a batch",
+            for path in READ_PATHS:
+                r = {"round": rnd, **run(cache, a.processes, a.readers, k, a.batch, a.seconds, path)}
+                print(r, flush=True)
+                rows.append(r)
+    write("pool-overhead", rows, ["round", "read path", "tasks a batch", "batches", "img/s", "loader CPU ms a batch",
                                   "batch ms median", "batch ms p90"],
           f"{a.processes} decode processes, {a.readers} reader threads, batches of {a.batch} 256 px cache JPEGs, "
-          f"{a.seconds:.0f} s a row, rows alternating; batch ms: one decode() call's wall time (a read's latency). "
+          f"{a.seconds:.0f} s a row, rows alternating; a batch: its spans and sizes looked up for random samples "
+          f"(sample_index.py, or the walk shard by shard), then decoded; batch ms: that read's wall time. "
           f"Rerun: `python benchmarks/pool_overhead.py --processes {a.processes} --readers {a.readers}"
           f"{f' --tasks {a.tasks}' if a.tasks else ''}`.", Path(a.out) if a.out else None)
 

@@ -3,13 +3,15 @@
 Why processes: a thread that decodes holds the GIL for its Python parts (PIL's marker parsing and
 copies, ~90 us an image on the CPU box), which a launch-bound training thread waits for; 12 processes
 decoding flat out (18.5k img/s) beside compiled resnet18 on an H100 cost its loop nothing
-(share-probe-resnet18-H100-80GB-HBM3-2026-12-07.md). Here the reader thread only packs the share's JPEG
-bytes into a slot and waits (GIL released) while worker processes decode them into the same slot, each
-image planar (CHW, nvJPEG's layout); the GPU thread uploads the slot's pixels in one copy, a DMA where
-the slot is page-locked (host_pin.py).
+(share-probe-resnet18-H100-80GB-HBM3-2026-12-07.md). Here the reader thread only sends a table of the
+share's images (where each JPEG lies: a shard file of the cache and its offset) and waits (GIL released)
+while worker processes read and decode them into a slot, each image planar (CHW, nvJPEG's layout); the
+GPU thread uploads the slot's pixels in one copy, a DMA where the slot is page-locked (host_pin.py).
+JPEGs with no file behind them (JPEG files read through a Source, an object-store cache's evictable
+shards) are first copied into the slot by the reader thread.
 
     slot (a file in /dev/shm, mapped by the loader and by every worker):
-    | JPEG bytes of the share, back to back | to 4 KiB | planar RGB image 0 | image 1 | ... |
+    | [JPEG bytes copied in, to 4 KiB] | planar RGB image 0 | image 1 | ... |
 
 Workers are forked when the backend is made, before the loader's threads start, as torch's
 DataLoader forks its workers: spawn and forkserver re-import the training script, which runs the
