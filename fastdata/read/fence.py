@@ -1,18 +1,17 @@
 """How far the host may run ahead of the GPU: a bound on the steps (or batches) in flight.
 
 A training loop only launches work, so without a bound the host races ahead until the CUDA launch
-queue is full and then blocks inside whichever launch comes next. Two things go wrong there:
+queue is full and then blocks inside whichever launch comes next. In the Engine that block was booked
+as data wait when it fell in the loader's on-device augmentation (38% on a run at 96.9% of the
+synthetic ceiling). With at most `limit` steps in flight the host waits here instead, on the oldest
+step's event, with the GIL released, and that time counts as compute.
 
-- The block holds the GIL (torch does not release it around a kernel launch), so every loader
-  thread of the process that needs the GIL (to hand a batch over, to launch its own crop kernel)
-  waits until the queue drains, and the batch the step after next needs comes late.
-- In the Engine, the block was booked as data wait when it fell in the loader's on-device
-  augmentation (38% on a run at 96.9% of the synthetic ceiling).
-
-With at most `limit` steps in flight the host waits here instead, on the oldest step's event, with
-the GIL released (torch.cuda.Event.synchronize releases it). The Engine fences its steps
-(EngineConfig.max_inflight_steps); the Loader fences the batches it hands out
-(LoaderConfig.max_inflight_batches), which bounds a user's own loop the same way.
+The Engine fences its steps (EngineConfig.max_inflight_steps); the Loader can fence the batches it hands
+out (LoaderConfig.max_inflight_batches, off by default), which bounds a user's own loop the same way. It
+was tried as a cure for resnet18 fed from a JPEG cache losing time beside the loader's threads, on the
+guess that a host blocked on a full launch queue holds the GIL from them. A thread waking every 2 ms
+beside the loop found the GIL as free with the fence as without (the launches release it), and the
+loop gained within its noise (host-probe-resnet18-jpeg-H100-80GB-HBM3-2026-12-07-fence.md).
 """
 from __future__ import annotations
 

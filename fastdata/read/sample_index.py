@@ -2,11 +2,12 @@
 
 EncodedSource.get_spans walked a batch shard by shard (a lookup, a mask and six gathers each). A
 shuffled batch of a small cache touches every shard (16 for the probes' 3,000 images), so a reader
-thread held the GIL for ~100 numpy calls a batch, and each call a launching training thread waits
-behind (py-spy beside resnet18 on an H100: the reader threads held 12-16% of the GIL samples,
-get_spans the largest part; pyspy-resnet18-H100-2026-12-07-fence.txt). Here each shard's offsets,
-labels and (once wanted) baseline sizes are copied into arrays over all samples when a batch first
-touches the shard, and a batch is then ~10 numpy calls however many shards it touches.
+thread held the GIL for ~100 numpy calls a batch, and a launching training thread waits behind each
+(py-spy beside resnet18 on an H100, pyspy-resnet18-H100-2026-12-07-fence.txt: of the reader threads'
+GIL samples, 26% in that walk, 25% copying the CPU share's JPEGs, 32% opening the shards once). Here
+each shard's offsets, labels and (once wanted) baseline sizes are copied into arrays over all samples
+when a batch first touches the shard, and a batch is then ~10 numpy calls however many shards it
+touches. The arrays take 40 bytes a sample (51 MB for ImageNet's 1.28M).
 
 Only for a cache on local disk: a store that evicts shards (an object-store cache with a disk budget)
 maps a shard afresh after each fetch, and an array kept here would keep the old mapping alive.

@@ -56,7 +56,7 @@ DECODE_NICE = 10        # added to the decode processes' niceness: a CPU they sh
                         # GIL while descheduled would stall the training thread behind it
 # True: a JPEG cache's share is read by the decode processes from the cache's files (its rows name the file
 # and offset), where the reader thread first copied each JPEG into the slot (a Python loop over the share,
-# under the GIL: 15-20% of the reader threads' GIL samples beside resnet18 on an H100). False: always copy
+# under the GIL: 25% of the reader threads' GIL samples beside resnet18 on an H100). False: always copy
 DIRECT_READS = True
 _ALIGN = 4096
 _FRAME = struct.Struct("!i")    # multiprocessing.connection's frame: a message's length, big-endian
