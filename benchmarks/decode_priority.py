@@ -24,36 +24,46 @@ import numpy as np
 import torch
 
 from _common import cpu_model, tiny_ops, write
-from pool_overhead import check_jpeg_cache, make_cache
+from pool_overhead import READ_PATHS, check_jpeg_cache, make_cache
 
 
 def beside_pool(cache: Path, processes: int, readers: int, nice: int, n: int, seconds: float,
-                rate: float = 0.0) -> dict:
+                rate: float = 0.0, path: str | None = None) -> dict:
     """tiny_ops() in this thread while `readers` threads decode batches of n in a DecodePool, `rate`
-    batches a second between them (0: flat out)."""
-    from fastdata.read.backends.decode_pool import DecodePool, Slot
+    batches a second between them (0: flat out). path (pool_overhead.READ_PATHS): each batch's spans
+    are looked up for random samples that way first, as the nvjpeg backend's readers do; None: one
+    batch, looked up once."""
+    from fastdata.read.backends import decode_pool
     from fastdata.read.encoded import EncodedSource
 
     src = EncodedSource(cache)
-    batch = src.get_spans(np.arange(n) % len(src), sizes=True)
-    h, w = batch.baseline_sizes()
-    pool = DecodePool(processes, readers, nice=nice)
+    if path is not None:
+        decode_pool.DIRECT_READS = READ_PATHS[path]
+        src._index = src._index if READ_PATHS[path] else None
+    fixed = src.get_spans(np.arange(n) % len(src), sizes=True)
+    pool = decode_pool.DecodePool(processes, readers, nice=nice)
     stop, done = threading.Event(), []
 
-    def work():
-        slot, due = Slot(), time.perf_counter()
+    def read(slot, rng):
+        batch = fixed if path is None else src.get_spans(np.sort(rng.choice(len(src), n)), sizes=True)
+        h, w = batch.baseline_sizes()
+        pool.decode(slot, batch, h, w, str)
+
+    def work(k):
+        slot, due, rng = decode_pool.Slot(), time.perf_counter(), np.random.default_rng(k)
         while not stop.is_set():
             if rate:        # paced as a training loop consumes batches: each reader one in `readers`
                 due += readers / rate
                 time.sleep(max(0.0, due - time.perf_counter()))
-            pool.decode(slot, batch, h, w, str)
+            read(slot, rng)
             done.append(1)
         slot.close()
 
-    warm = Slot()
-    pool.decode(warm, batch, h, w, str)     # every process forked and warm before the clock
+    warm = decode_pool.Slot()
+    for _ in range(processes):     # every process forked and warm (and every shard indexed) before the clock
+        read(warm, np.random.default_rng(99))
     warm.close()
-    threads = [threading.Thread(target=work, daemon=True) for _ in range(readers)]
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(readers)]
     for t in threads:
         t.start()
     time.sleep(0.5)                          # the readers at full pace before the clock
@@ -64,6 +74,7 @@ def beside_pool(cache: Path, processes: int, readers: int, nice: int, n: int, se
     for t in threads:
         t.join()
     pool.close()
+    decode_pool.DIRECT_READS = True
     return {"main ops/s": ops, "img/s": k * n / wall}
 
 
@@ -77,6 +88,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=0.0, help="batches a second the readers decode between them "
                     "(0: flat out); paced, what remains is the pool's GIL traffic, not its CPU")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--read-paths", action="store_true", help="rows by the readers' way of finding a batch's "
+                    "bytes (pool_overhead.READ_PATHS, random samples each batch) at the first --nice level")
     ap.add_argument("--cache", default=None, help="a JPEG cache to read (default: built from the sample photos)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -92,17 +105,18 @@ def main() -> None:
     for rnd in range(a.rounds):
         alone = tiny_ops(a.seconds)
         rows.append({"decoders": "none (main thread alone)", "round": rnd, "main ops/s": alone, "vs alone": "100.0%"})
-        for nice in levels:
-            r = beside_pool(cache, a.processes, a.readers, nice, a.batch, a.seconds, a.rate)
-            rows.append({"decoders": f"nice {nice}", "round": rnd, **r,
-                         "vs alone": f"{r['main ops/s'] / alone:.1%}"})
+        for name, nice, path in ([(f"nice {levels[0]}, {p}", levels[0], p) for p in READ_PATHS] if a.read_paths
+                                 else [(f"nice {v}", v, None) for v in levels]):
+            r = beside_pool(cache, a.processes, a.readers, nice, a.batch, a.seconds, a.rate, path)
+            rows.append({"decoders": name, "round": rnd, **r, "vs alone": f"{r['main ops/s'] / alone:.1%}"})
             print(rows[-1], flush=True)
     write("decode-priority", rows, ["decoders", "round", "main ops/s", "vs alone", "img/s"],
           f"{cpu_model()}. {a.processes} decode processes, {a.readers} reader threads handing them batches of "
           f"{a.batch} 256 px cache JPEGs {f'at {a.rate:g} batches/s' if a.rate else 'flat out'}; the main thread "
           f"runs tiny torch ops for {a.seconds:.0f} s a row; rows alternate. Rerun: `python "
           f"benchmarks/decode_priority.py --processes {a.processes} --readers {a.readers} --nice {a.nice} "
-          f"--batch {a.batch}{f' --rate {a.rate:g}' if a.rate else ''}`.", Path(a.out) if a.out else None)
+          f"--batch {a.batch}{f' --rate {a.rate:g}' if a.rate else ''}{' --read-paths' if a.read_paths else ''}`.",
+          Path(a.out) if a.out else None)
 
 
 if __name__ == "__main__":
