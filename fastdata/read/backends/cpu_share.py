@@ -41,14 +41,28 @@ def cpu_count(share: float, n: int) -> int:
     return min(n, int(round(share * n)))
 
 
+def _checked_rgb(im: Image.Image, h: int, w: int) -> Image.Image:
+    """im as RGB; OSError where it decodes to another size than its header gave (a header the walk misread)."""
+    img = im if im.mode == "RGB" else im.convert("RGB")
+    if img.size != (w, h):
+        raise OSError(f"decoded {img.size[0]}x{img.size[1]}, header says {w}x{h}")
+    return img
+
+
 def rgb_at_size(data, h: int, w: int) -> np.ndarray:
-    """One JPEG decoded by PIL to RGB (h, w, 3), the size its header gave; OSError where it decodes to
-    another (a header the walk misread)."""
+    """One JPEG decoded by PIL to RGB (h, w, 3), the size its header gave (else OSError)."""
     with Image.open(io.BytesIO(data), formats=["JPEG"]) as im:
-        img = im if im.mode == "RGB" else im.convert("RGB")
-        if img.size != (w, h):
-            raise OSError(f"decoded {img.size[0]}x{img.size[1]}, header says {w}x{h}")
-        return np.asarray(img)
+        return np.asarray(_checked_rgb(im, h, w))
+
+
+def planes_at_size(data, h: int, w: int, out: np.ndarray) -> None:
+    """One JPEG decoded by PIL into out (3 * h * w uint8) as planar RGB (nvJPEG's layout), the size its
+    header gave (else OSError). Each plane comes out of PIL's raw encoder in one C pass: 35 us for a 256 px
+    image on the CPU box, where an HWC array and a transposing copy took 85-90 us (of ~520 us in all)."""
+    with Image.open(io.BytesIO(data), formats=["JPEG"]) as im:
+        img = _checked_rgb(im, h, w)
+        for k, band in enumerate("RGB"):
+            out[k * h * w:(k + 1) * h * w] = np.frombuffer(img.tobytes("raw", band), dtype=np.uint8)
 
 
 def decode_pixels(arrays: list[np.ndarray], heights: np.ndarray, widths: np.ndarray, name_of,

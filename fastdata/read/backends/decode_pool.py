@@ -39,7 +39,7 @@ from ..._util import usable_cpus
 from ...errors import LoaderError
 from ..spans import EncodedBatch
 from . import host_pin
-from .cpu_share import rgb_at_size
+from .cpu_share import planes_at_size
 
 MIN_TASK = 16          # images per worker task at least: each task costs the loader's process a write and a read
 RESERVED_CPUS = 4      # left to the training thread, the GPU thread and the readers
@@ -180,8 +180,7 @@ def decode_task(msg: bytes) -> tuple[int, str] | None:
     rows = np.frombuffer(msg, dtype=np.int64, offset=at + -at % 8).reshape(-1, 6).tolist()
     for j, (f, a, n, o, h, w) in enumerate(rows):
         try:
-            pixels = rgb_at_size(sources[f][a:a + n], h, w)
-            buf[o:o + 3 * h * w].reshape(3, h, w)[...] = pixels.transpose(2, 0, 1)
+            planes_at_size(sources[f][a:a + n], h, w, buf[o:o + 3 * h * w])
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
             return j, str(e) or type(e).__name__
     return None
