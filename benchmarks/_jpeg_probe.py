@@ -145,15 +145,27 @@ class Niced(Tweaked):
         super().__init__(loader)
 
 
+def _transposed(data, h: int, w: int, out) -> None:
+    """The decode processes' writer before cpu_share.planes_at_size: an HWC array, then a transposing copy."""
+    from fastdata.read.backends.cpu_share import rgb_at_size
+
+    out.reshape(3, h, w)[...] = rgb_at_size(data, h, w).transpose(2, 0, 1)
+
+
 class CopiedIn(Tweaked):
-    """The read path before 2026-12-07's last change: a batch's spans walked shard by shard, and the CPU
-    share's JPEG bytes copied into the slot by the reader (decode_pool.DIRECT_READS off until close)."""
+    """The read path of session 6's final tree: a batch's spans walked shard by shard, the CPU share's JPEG
+    bytes copied into the slot by the reader (decode_pool.DIRECT_READS off until close), and the decode
+    processes (forked while the old writer is patched in) writing planes by a transposing copy."""
 
     def __init__(self, make) -> None:
         from fastdata.read.backends import decode_pool
 
         self.module, decode_pool.DIRECT_READS = decode_pool, False
-        loader = make()
+        writer, decode_pool.planes_at_size = decode_pool.planes_at_size, _transposed
+        try:
+            loader = make()
+        finally:
+            decode_pool.planes_at_size = writer
         loader.backend.encoded._index = None
         super().__init__(loader)
 
@@ -232,9 +244,9 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
         ("jpeg nvjpeg loader, default options (cpu share and processes picked from the CPUs)",
          lambda: Tweaked(default()), None),
-        ("jpeg nvjpeg loader, default options but spans walked by shard, JPEGs copied into the slot (before)",
+        ("jpeg nvjpeg loader, default options but spans walked by shard, JPEGs copied in, planes transposed (session 6)",
          lambda: CopiedIn(default), None),
-        ("jpeg nvjpeg loader, default options, max_inflight_batches=2, spans walked by shard, JPEGs copied (before)",
+        ("jpeg nvjpeg loader, default options, max_inflight_batches=2, read as in (session 6)",
          lambda: CopiedIn(lambda: default(max_inflight_batches=2)), None),
         *lead_variants(syn, default, lambda **kw: Tweaked(jpeg(**kw))),
         ("jpeg nvjpeg loader, default options but one task a process",
