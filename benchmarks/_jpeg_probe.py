@@ -244,7 +244,7 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
         ("jpeg nvjpeg loader, default options (cpu share and processes picked from the CPUs)",
          lambda: Tweaked(default()), None),
-        ("jpeg nvjpeg loader, default options but spans walked by shard, JPEGs copied in, planes transposed (session 6)",
+        ("jpeg nvjpeg loader, default options, spans walked by shard, JPEGs copied, planes transposed (session 6)",
          lambda: CopiedIn(default), None),
         ("jpeg nvjpeg loader, default options, max_inflight_batches=2, read as in (session 6)",
          lambda: CopiedIn(lambda: default(max_inflight_batches=2)), None),
