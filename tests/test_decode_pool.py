@@ -583,3 +583,23 @@ def test_the_sample_index_gives_the_spans_the_shard_walk_gives(shard_cache):
         assert np.array_equal(a.labels, b.labels) and np.array_equal(a.sizes, b.sizes)
         assert np.array_equal(fast.shard_sizes(0), walk.shard_sizes(0))
     assert np.array_equal(fast.get_spans(idx).labels, fast.labels()[idx])
+
+
+def test_a_task_that_reads_more_files_than_a_worker_keeps_mapped_still_decodes(shard_cache, monkeypatch):
+    """A worker keeps _MAX_MAPS files mapped; a batch spread over more shards than that evicts maps
+    its own task still reads, which must not fail the batch."""
+    from fastdata.read.backends import decode_pool
+    from fastdata.read.encoded import EncodedSource
+
+    monkeypatch.setattr(decode_pool, "_MAX_MAPS", 1)     # (read by the worker forked below)
+    src = EncodedSource(shard_cache)
+    batch = src.get_spans(np.arange(len(src)), sizes=True)
+    assert len(batch.files) >= 2     # with the slot, three maps for a worker that keeps one
+    h, w = batch.baseline_sizes()
+    p, slot = DecodePool(1), Slot()
+    try:
+        flat = p.decode(slot, batch, h, w, str)
+        assert np.array_equal(flat, np.concatenate([_planar(a) for a in batch.arrays()]))
+    finally:
+        p.close()
+        slot.close()

@@ -148,7 +148,10 @@ def _mapped(path: str, size: int, inode: int | None = None) -> np.ndarray:
     got = _MAPS.get(path)
     if got is None or got[0] != size:
         while len(_MAPS) >= _MAX_MAPS:
-            _MAPS.pop(next(iter(_MAPS)))[1].close()
+            try:
+                _MAPS.pop(next(iter(_MAPS)))[1].close()
+            except BufferError:     # this task still reads it (a batch of more files than _MAX_MAPS):
+                pass                # unmapped once the task's view of it goes
         with open(path, "rb" if inode else "r+b") as f:
             st = os.fstat(f.fileno())
             if inode and (st.st_ino, st.st_size) != (inode, size):
