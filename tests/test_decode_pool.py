@@ -586,12 +586,12 @@ def test_the_sample_index_gives_the_spans_the_shard_walk_gives(shard_cache):
 
 
 def test_a_task_that_reads_more_files_than_a_worker_keeps_mapped_still_decodes(shard_cache, monkeypatch):
-    """A worker keeps _MAX_MAPS files mapped; a batch spread over more shards than that evicts maps
+    """A worker keeps MAX_MAPS files mapped; a batch spread over more shards than that evicts maps
     its own task still reads, which must not fail the batch."""
-    from fastdata.read.backends import decode_pool
+    from fastdata.read.backends import decode_worker
     from fastdata.read.encoded import EncodedSource
 
-    monkeypatch.setattr(decode_pool, "_MAX_MAPS", 1)     # (read by the worker forked below)
+    monkeypatch.setattr(decode_worker, "MAX_MAPS", 1)     # (read by the worker forked below)
     src = EncodedSource(shard_cache)
     batch = src.get_spans(np.arange(len(src)), sizes=True)
     assert len(batch.files) >= 2     # with the slot, three maps for a worker that keeps one

@@ -26,20 +26,18 @@ import collections
 import mmap
 import multiprocessing
 import os
-import signal
 import struct
 import tempfile
 import threading
 import weakref
 
 import numpy as np
-from PIL import Image
 
 from ..._util import usable_cpus
 from ...errors import LoaderError
 from ..spans import EncodedBatch
 from . import host_pin
-from .cpu_share import planes_at_size
+from .decode_worker import serve, task_head
 
 MIN_TASK = 16          # images per worker task at least: each task costs the loader's process a write and a read
 RESERVED_CPUS = 4      # left to the training thread, the GPU thread and the readers
@@ -60,10 +58,6 @@ DECODE_NICE = 10        # added to the decode processes' niceness: a CPU they sh
 DIRECT_READS = True
 _ALIGN = 4096
 _FRAME = struct.Struct("!i")    # multiprocessing.connection's frame: a message's length, big-endian
-_HEAD = struct.Struct("<QII")   # a task's head: its slot's size, the length of its path, the files it names; the path
-_FILE = struct.Struct("<QQI")   # a file the rows read from: its size, inode and the length of its path; the path
-_MAPS: dict[str, tuple[int, mmap.mmap]] = {}    # worker: the slots and cache files it has mapped, by path
-_MAX_MAPS = 256
 
 
 class SlotSpaceError(LoaderError):
@@ -133,62 +127,6 @@ def _release(path: str, token, _mapping) -> None:
         pass
 
 
-def _worker_init(nice: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the loader's to handle, not 16 tracebacks
-    if nice > 0:
-        try:
-            os.nice(nice)
-        except OSError:     # a lower priority is always allowed; a sandbox that forbids it costs only the priority
-            pass
-
-
-def _mapped(path: str, size: int, inode: int | None = None) -> np.ndarray:
-    """Worker: a slot's bytes (writable), or a cache file's (read-only, inode checked: a cache rebuilt
-    under the loader is a new file at the same path), mapped once per file."""
-    got = _MAPS.get(path)
-    if got is None or got[0] != size:
-        while len(_MAPS) >= _MAX_MAPS:
-            try:
-                _MAPS.pop(next(iter(_MAPS)))[1].close()
-            except BufferError:     # this task still reads it (a batch of more files than _MAX_MAPS):
-                pass                # unmapped once the task's view of it goes
-        with open(path, "rb" if inode else "r+b") as f:
-            st = os.fstat(f.fileno())
-            if inode and (st.st_ino, st.st_size) != (inode, size):
-                raise _Changed(f"{path} changed since the loader opened it")
-            got = _MAPS[path] = (size, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ if inode else
-                                                 mmap.ACCESS_WRITE))
-    return np.frombuffer(got[1], dtype=np.uint8)
-
-
-class _Changed(Exception):
-    """A cache file is not the one the loader mapped."""
-
-
-def decode_task(msg: bytes) -> tuple[int, str] | None:
-    """Worker: decode each image of a task (int64 rows of source, start, length, out offset, height, width;
-    source 0 is the slot, k the task's k-th file) into its planar place in the slot. None, or (row, why)
-    for the first image that failed (the loader names it; row -1: no image's fault)."""
-    size, n, files = _HEAD.unpack_from(msg)
-    at = _HEAD.size + n
-    buf = _mapped(msg[_HEAD.size:at].decode(), size)
-    sources = [buf]
-    for _ in range(files):
-        fsize, inode, k = _FILE.unpack_from(msg, at)
-        at += _FILE.size + k
-        try:
-            sources.append(_mapped(msg[at - k:at].decode(), fsize, inode))
-        except (OSError, _Changed) as e:
-            return -1, f"{e}; the cache was rebuilt or moved while a loader read it: make a new loader"
-    rows = np.frombuffer(msg, dtype=np.int64, offset=at + -at % 8).reshape(-1, 6).tolist()
-    for j, (f, a, n, o, h, w) in enumerate(rows):
-        try:
-            planes_at_size(sources[f][a:a + n], h, w, buf[o:o + 3 * h * w])
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-            return j, str(e) or type(e).__name__
-    return None
-
-
 def resolve_share(share: float | None, processes: int | None, pixels: float | None = None) -> tuple[float, int]:
     """(share, processes) the nvjpeg backend runs with, None picked. Processes: the CPUs this rank may
     use (torchrun's LOCAL_WORLD_SIZE ranks share the host's) less RESERVED_CPUS, none below 2. Share: each
@@ -244,7 +182,7 @@ class DecodePool:
         self._lock, self._broken = threading.Lock(), None
         for k in range(processes):     # every worker forked now, before the loader's threads start
             mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(theirs, [*self._conns, mine], nice), daemon=True,
+            proc = ctx.Process(target=serve, args=(theirs, [*self._conns, mine], nice), daemon=True,
                                name=f"fastdata-decode-{k}")
             proc.start()
             theirs.close()
@@ -272,7 +210,7 @@ class DecodePool:
         table = np.stack([source, starts, lens, outs, heights, widths], axis=1).astype(np.int64)
         tasks = max(1, min(self.per_batch, len(batch) // MIN_TASK))
         bounds = np.linspace(0, len(batch), tasks + 1).astype(int).tolist()
-        head = _task_head(slot, files)
+        head = task_head(slot.path, slot.size, files)
         failed = self._run(slot, [head + table[lo:hi].tobytes() for lo, hi in zip(bounds[:-1], bounds[1:])])
         if failed:
             k, row, why = failed[0]
@@ -354,17 +292,6 @@ class DecodePool:
                 p.join()
 
 
-def _task_head(slot: Slot, files: list[tuple[str, int, int, int]]) -> bytes:
-    """A task's head: the slot, then each file its rows read (path, size and inode: checked by the worker)."""
-    path = slot.path.encode()
-    parts = [_HEAD.pack(slot.size, len(path), len(files)), path]
-    for name, _, size, inode in files:
-        name = name.encode()
-        parts += [_FILE.pack(size, inode, len(name)), name]
-    head = b"".join(parts)
-    return head + bytes(-len(head) % 8)     # the rows start 8-aligned
-
-
 def _died(e: BaseException, path: str | None = None) -> str:
     """Why the pool is broken when a worker's pipe fails: one message wherever it is found."""
     held = f": {path} holds each batch's share" if path else ""
@@ -392,24 +319,3 @@ def _read_message(fd: int) -> bytes:
             raise EOFError
         data += more
     return data[4:4 + _FRAME.unpack_from(data)[0]]
-
-
-def _serve(conn, others: list, nice: int) -> None:
-    """Worker: decode each task read from conn until an empty message or the pipe's end (the loader
-    gone). The loader's ends of this and earlier workers' pipes are closed here, so that its end is
-    seen when the loader dies."""
-    for c in others:
-        c.close()
-    _worker_init(nice)
-    while True:
-        try:
-            msg = conn.recv_bytes()
-        except (EOFError, OSError):
-            return
-        if not msg:
-            return
-        try:
-            bad = decode_task(msg)
-        except Exception as e:  # noqa: BLE001 - not an image's fault (memory, the slot): told, not a dead worker
-            bad = -1, f"{type(e).__name__}: {e}"
-        conn.send_bytes(b"" if bad is None else f"{bad[0]}\n{bad[1]}".encode(errors="replace"))
