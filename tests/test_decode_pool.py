@@ -603,3 +603,22 @@ def test_a_task_that_reads_more_files_than_a_worker_keeps_mapped_still_decodes(s
     finally:
         p.close()
         slot.close()
+
+
+def test_a_cache_opened_by_a_relative_path_is_read_after_the_loader_changes_directory(shard_cache, monkeypatch):
+    """The decode processes keep the directory they were forked in; the files a task names are absolute."""
+    from fastdata.read.encoded import EncodedSource
+
+    p, slot = DecodePool(1), Slot()       # forked here, before the cache is opened
+    try:
+        monkeypatch.chdir(shard_cache.parent)
+        src = EncodedSource(shard_cache.name)
+        batch = src.get_spans(np.arange(MIN_TASK), sizes=True)
+        assert all(os.path.isabs(f[0]) for f in batch.files)
+        monkeypatch.chdir("/")
+        h, w = batch.baseline_sizes()
+        flat = p.decode(slot, batch, h, w, str)
+        assert np.array_equal(flat, np.concatenate([_planar(a) for a in batch.arrays()]))
+    finally:
+        p.close()
+        slot.close()

@@ -14,6 +14,7 @@ maps a shard afresh after each fetch, and an array kept here would keep the old 
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -45,8 +46,9 @@ class SampleIndex:
                 self.labels[lo:hi] = shard.labels
                 self.buffers[s] = shard.data.numpy()
                 size, inode, _ = shard.stat
+                # absolute: a decode process keeps the working directory it was forked in
                 self.files[s] = None if shard.data_offset is None or not inode else \
-                    (str(shard.path), int(shard.data_offset), int(size), int(inode))
+                    (os.path.abspath(shard.path), int(shard.data_offset), int(size), int(inode))
                 self.loaded[s] = True
             if sizes and not self.sized[s]:
                 self.hw[lo:hi] = baseline_sizes(self.buffers[s], offsets[:-1], offsets[1:])
