@@ -158,14 +158,14 @@ class CopiedIn(Tweaked):
     processes (forked while the old writer is patched in) writing planes by a transposing copy."""
 
     def __init__(self, make) -> None:
-        from fastdata.read.backends import decode_pool
+        from fastdata.read.backends import decode_pool, decode_worker
 
         self.module, decode_pool.DIRECT_READS = decode_pool, False
-        writer, decode_pool.planes_at_size = decode_pool.planes_at_size, _transposed
+        writer, decode_worker.planes_at_size = decode_worker.planes_at_size, _transposed
         try:
             loader = make()
         finally:
-            decode_pool.planes_at_size = writer
+            decode_worker.planes_at_size = writer
         loader.backend.encoded._index = None
         super().__init__(loader)
 
