@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pool_overhead import set_read_path
+
 
 def encoded_batch(jpeg_cache: Path, n: int) -> list[torch.Tensor]:
     from fastdata.read.encoded import EncodedSource
@@ -154,24 +156,23 @@ def _transposed(data, h: int, w: int, out) -> None:
 
 class CopiedIn(Tweaked):
     """The read path of session 6's final tree: a batch's spans walked shard by shard, the CPU share's JPEG
-    bytes copied into the slot by the reader (decode_pool.DIRECT_READS off until close), and the decode
+    bytes copied into the slot by the reader (pool_overhead.set_read_path, until close), and the decode
     processes (forked while the old writer is patched in) writing planes by a transposing copy."""
 
     def __init__(self, make) -> None:
-        from fastdata.read.backends import decode_pool, decode_worker
+        from fastdata.read.backends import decode_worker
 
-        self.module, decode_pool.DIRECT_READS = decode_pool, False
         writer, decode_worker.planes_at_size = decode_worker.planes_at_size, _transposed
         try:
             loader = make()
         finally:
             decode_worker.planes_at_size = writer
-        loader.backend.encoded._index = None
+        set_read_path(loader.backend.encoded, False)
         super().__init__(loader)
 
     def close(self) -> None:
         super().close()
-        self.module.DIRECT_READS = True
+        set_read_path(None, True)
 
 
 class PilShare(Tweaked):

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from _common import cpu_model, tiny_ops, write
-from pool_overhead import READ_PATHS, check_jpeg_cache, make_cache
+from pool_overhead import READ_PATHS, check_jpeg_cache, make_cache, read_random, set_read_path
 
 
 def beside_pool(cache: Path, processes: int, readers: int, nice: int, n: int, seconds: float,
@@ -38,16 +38,15 @@ def beside_pool(cache: Path, processes: int, readers: int, nice: int, n: int, se
 
     src = EncodedSource(cache)
     if path is not None:
-        decode_pool.DIRECT_READS = READ_PATHS[path]
-        src._index = src._index if READ_PATHS[path] else None
+        set_read_path(src, READ_PATHS[path])
     fixed = src.get_spans(np.arange(n) % len(src), sizes=True)
     pool = decode_pool.DecodePool(processes, readers, nice=nice)
     stop, done = threading.Event(), []
 
     def read(slot, rng):
-        batch = fixed if path is None else src.get_spans(np.sort(rng.choice(len(src), n)), sizes=True)
-        h, w = batch.baseline_sizes()
-        pool.decode(slot, batch, h, w, str)
+        if path is not None:
+            return read_random(src, pool, slot, rng, n)
+        pool.decode(slot, fixed, *fixed.baseline_sizes(), str)
 
     def work(k):
         slot, due, rng = decode_pool.Slot(), time.perf_counter(), np.random.default_rng(k)
@@ -74,7 +73,7 @@ def beside_pool(cache: Path, processes: int, readers: int, nice: int, n: int, se
     for t in threads:
         t.join()
     pool.close()
-    decode_pool.DIRECT_READS = True
+    set_read_path(None, True)
     return {"main ops/s": ops, "img/s": k * n / wall}
 
 

@@ -52,6 +52,25 @@ def check_jpeg_cache(cache: Path) -> None:
 READ_PATHS = {"index, files": True, "shard walk, copied (before)": False}
 
 
+def set_read_path(src, direct: bool) -> None:
+    """direct: the default read path (spans from the sample index, the decode processes reading the cache's
+    files); else the one before (spans walked shard by shard in src, the JPEGs copied into the slot).
+    decode_pool.DIRECT_READS is module-wide: set it back with set_read_path(None, True)."""
+    from fastdata.read.backends import decode_pool
+
+    decode_pool.DIRECT_READS = direct
+    if src is not None and not direct:
+        src._index = None
+
+
+def read_random(src, pool, slot, rng, n: int) -> None:
+    """A reader's batch: n random samples' spans and sizes looked up, as a shuffled epoch reads them, then
+    decoded by the pool into the slot."""
+    batch = src.get_spans(np.sort(rng.choice(len(src), n)), sizes=True)
+    h, w = batch.baseline_sizes()
+    pool.decode(slot, batch, h, w, str)
+
+
 def run(cache: Path, processes: int, readers: int, tasks: int, n: int, seconds: float, path: str) -> dict:
     """Reader threads flat out: each batch's spans and sizes looked up (random samples, as a shuffled
     epoch reads them), then decoded by the pool; `path` picks READ_PATHS' way of doing both."""
@@ -59,34 +78,27 @@ def run(cache: Path, processes: int, readers: int, tasks: int, n: int, seconds: 
     from fastdata.read.encoded import EncodedSource
 
     src = EncodedSource(cache)
-    decode_pool.DIRECT_READS = READ_PATHS[path]
-    if not READ_PATHS[path]:
-        src._index = None
+    set_read_path(src, READ_PATHS[path])
     pool = decode_pool.DecodePool(processes, readers)
     pool.per_batch, done = tasks, []
-
-    def read(slot, rng):
-        batch = src.get_spans(np.sort(rng.choice(len(src), n)), sizes=True)
-        h, w = batch.baseline_sizes()
-        pool.decode(slot, batch, h, w, str)
 
     def work(k, stop):
         slot, rng = decode_pool.Slot(), np.random.default_rng(k)
         while not stop.is_set():
             t0 = time.perf_counter()
-            read(slot, rng)
+            read_random(src, pool, slot, rng, n)
             done.append(time.perf_counter() - t0)
         slot.close()
 
     warm = decode_pool.Slot()
     for _ in range(processes):      # every process forked and warm, every shard indexed, before the clock
-        read(warm, np.random.default_rng(99))
+        read_random(src, pool, warm, np.random.default_rng(99), n)
     warm.close()
     c0 = time.process_time()
     wall = flat_out(work, readers, seconds)
     cpu = time.process_time() - c0
     pool.close()
-    decode_pool.DIRECT_READS = True
+    set_read_path(None, True)
     k = len(done)
     return {"read path": path, "tasks a batch": pool.per_batch, "batches": k, "img/s": k * n / wall,
             "loader CPU ms a batch": cpu / max(k, 1) * 1e3, "batch ms median": np.median(done) * 1e3,
