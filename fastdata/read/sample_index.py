@@ -61,8 +61,9 @@ class SampleIndex:
         wanted = ~self.loaded[touched] | (~self.sized[touched] if sizes else False)
         for s in touched[wanted].tolist():
             self._load(s, sizes)
-        files = [self.files[s] for s in touched.tolist()]
-        return EncodedBatch(tuple(self.buffers[s] for s in touched.tolist()), which.astype(np.int64),
+        touched = touched.tolist()
+        files = [self.files[s] for s in touched]
+        return EncodedBatch(tuple(self.buffers[s] for s in touched), which.astype(np.int64),
                             self.starts[idx], self.ends[idx], self.labels[idx], self.hw[idx] if sizes else None,
                             None if None in files else tuple(files))
 
