@@ -220,7 +220,8 @@ def lead_variants(syn, default, gpu_only) -> list:
 
     return [
         ("synthetic bf16 batch, GIL sampled", lambda: GilSampled(forever(syn), "synthetic"), None),
-        ("synthetic bf16 batch, 2 batches in flight (fenced)", lambda: Fenced(forever(syn), 2), None),
+        *[(f"synthetic bf16 batch, {k} batches in flight (fenced)", lambda k=k: Fenced(forever(syn), k), None)
+          for k in (2, 3)],
         ("synthetic bf16 batch, 2 batches in flight, GIL sampled",
          lambda: GilSampled(Fenced(forever(syn), 2), "synthetic, 2 in flight"), None),
         ("jpeg nvjpeg loader, default options, GIL sampled", lambda: GilSampled(Tweaked(default()), "default"), None),

@@ -136,8 +136,8 @@ def _args() -> argparse.Namespace:
                     "instead of the raw-cache ones")
     ap.add_argument("--rate", type=float, default=70.0, help="batches/s of the --jpeg decode-only variants")
     ap.add_argument("--decode-child", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--only", default="", help="comma list of substrings: run the variants naming one "
-                    "(and the synthetic row)")
+    ap.add_argument("--only", default="", help="substrings split at '|' (or, with no '|', at "
+                    "commas): run the variants naming one (and the synthetic row)")
     return ap.parse_args()
 
 
@@ -172,8 +172,9 @@ def main() -> None:
     else:
         variants = raw_variants(fd, syn, bs)
     if a.only:
-        keep = a.only.split(",")
+        keep = a.only.split("|" if "|" in a.only else ",")
         variants = [v for v in variants if v[0] == variants[0][0] or any(k in v[0] for k in keep)]
+        log.info("rows: %s", "; ".join(v[0] for v in variants))
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
     for rnd in range(a.rounds):
         for name, make, images_of in variants:
@@ -189,6 +190,8 @@ def main() -> None:
 
 def raw_variants(fd, syn, bs: int) -> list:
     """(name, make, images_of) rows of the raw-cache probe; fd(**kw) makes a fastdata.loader."""
+    from _lead import Fenced
+
     return [
         ("synthetic bf16 batch", lambda: forever(syn), None),
         ("augment only (uint8 on GPU, triton)", lambda: augment_only(bs), None),
@@ -199,6 +202,7 @@ def raw_variants(fd, syn, bs: int) -> list:
         ("loader compiled kernel, 8 threads", lambda: fd(kernel="compiled"), None),
         ("loader eager kernel, 8 threads", lambda: fd(kernel="eager"), None),
         ("loader triton, switch interval 0.2 ms", "switch", None),
+        ("synthetic bf16 batch, 3 batches in flight (fenced)", lambda: Fenced(forever(syn), 3), None),
         ("loader triton, 8 threads, max_inflight_batches=2", lambda: fd(max_inflight_batches=2), None),
         ("loader triton, 8 threads, max_inflight_batches=3", lambda: fd(max_inflight_batches=3), None),
     ]
