@@ -388,3 +388,15 @@ def test_a_missing_input_is_named_with_every_kind_of_input(tmp_path, capsys):
         fastdata.loader(tmp_path / "nope", 4, device="cpu")
     assert main(["build-cache", str(tmp_path / "nope"), str(tmp_path / "c")]) == 2
     assert "SRC" not in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
+def test_a_caches_manifest_or_an_image_given_as_the_input_says_what_to_give(image_folder, tmp_path, capsys):
+    """Pointing at out/manifest.json (or one photo) said only "not a list"; the manifest now names its folder."""
+    import fastdata
+
+    build(_tree(image_folder, tmp_path / "src"), cache := tmp_path / "c")
+    with pytest.raises(SourceError, match=rf"manifest; give the cache folder, {re.escape(str(cache))}$"):
+        fastdata.loader(cache / "manifest.json", 4, device="cpu")
+    photo = next((tmp_path / "src" / "a").iterdir())
+    assert main(["build-cache", str(photo), str(tmp_path / "c2")]) == 2
+    assert "give an image folder (class sub-folders)" in capsys.readouterr().err and not (tmp_path / "c2").exists()

@@ -242,8 +242,11 @@ def discover(src: str | Path, images_only: bool = True, *, exclude: tuple[str | 
         items, label_map, skipped = tar_items(src, IMAGE_EXTS if images_only else frozenset({""}), Item)
         source = Source(items, label_map, "tar", skipped)
     elif src.is_file():
+        if src.name == "manifest.json":
+            raise SourceError(f"SRC {src} is a cache's manifest; give the cache folder, {src.parent}")
         if src.suffix.lower() not in LIST_EXTS:
-            raise SourceError(f"SRC {src} is a file but not a list (.csv/.txt/.tsv of 'path,label' lines)")
+            raise SourceError(f"SRC {src} is a file but not a list (.csv/.txt/.tsv of 'path,label' lines); give "
+                              f"an image folder (class sub-folders), a file list, a .tar or a cache folder")
         source = _from_list(src)
     elif not src.is_dir():
         raise SourceError(f"SRC {src} is neither a folder nor a regular file; give an image folder "
