@@ -203,6 +203,8 @@ def raw_variants(fd, syn, bs: int) -> list:
         ("loader eager kernel, 8 threads", lambda: fd(kernel="eager"), None),
         ("loader triton, switch interval 0.2 ms", "switch", None),
         ("synthetic bf16 batch, 3 batches in flight (fenced)", lambda: Fenced(forever(syn), 3), None),
+        ("loader triton, 8 threads, max_inflight_batches=0 (unbounded: before)",
+         lambda: fd(max_inflight_batches=0), None),
         ("loader triton, 8 threads, max_inflight_batches=2", lambda: fd(max_inflight_batches=2), None),
         ("loader triton, 8 threads, max_inflight_batches=3", lambda: fd(max_inflight_batches=3), None),
     ]

@@ -223,11 +223,15 @@ class Engine:
         warn_head_mismatch(unwrap(self.model), getattr(loader, "num_classes", None))
         meter = Meter()
         self._sampler = GpuSampler().start() if self.device.type == "cuda" else None
+        bound_lead = getattr(loader, "bound_lead", None)       # a fastdata Loader: our steps are fenced here
+        lead = bound_lead(0) if callable(bound_lead) else None
         try:
             return self._fit(loader, meter, steps, epochs, warmup_steps, time_limit)
         finally:
             if self._sampler is not None:
                 self._sampler.stop()
+            if lead is not None:
+                bound_lead(lead)
 
     def request_stop(self, reason: str = "stop requested") -> None:
         """Make fit() return after the optimizer step in progress (safe from a signal handler): the

@@ -164,8 +164,9 @@ class LoaderConfig:
     # raises too), or labels without samples (its allow_empty=True); caches decided this at build time
     allow_empty_classes: bool = False
     # batches handed out whose GPU work may still be queued: before handing out the next one the loader
-    # waits, GIL released, until the GPU is that close (fence.py says why). 0: no bound (torch's own)
-    max_inflight_batches: int = 0
+    # waits, GIL released, until the GPU is that close (fence.py says why). 0: no bound (torch's own).
+    # No effect off CUDA; the Engine lifts it while it fences its own steps
+    max_inflight_batches: int = 3
     options: RawOptions | DecodeOptions | NvjpegOptions | DaliOptions = field(default_factory=RawOptions)
 
     @property
@@ -194,9 +195,7 @@ class LoaderConfig:
             raise LoaderError(f"seed={self.seed!r}: give an integer")
         if self.batch_size < 1:
             raise LoaderError(f"batch_size={self.batch_size}: must be at least 1")
-        inflight = self.max_inflight_batches
-        if not isinstance(inflight, numbers.Integral) or isinstance(inflight, bool) or inflight < 0:
-            raise LoaderError(f"max_inflight_batches={inflight!r}: give a whole number of batches, or 0 for no bound")
+        check_inflight(self.max_inflight_batches)
         if self.reader_threads < 1 or self.read_ahead < 1:
             raise LoaderError(f"threads={self.reader_threads}, prefetch={self.read_ahead}: both must be at least 1")
         if not isinstance(self.options, OPTIONS[self.backend]):
@@ -218,3 +217,10 @@ def split_options(backend: str, options: dict):
             raise LoaderError(f"option {key}= does not apply to backend {backend}: {where}"
                               + (f" (options of {backend}: {', '.join(sorted(names))})" if names else ""))
     return cls(**options)
+
+
+def check_inflight(value) -> int:
+    """max_inflight_batches as given: a whole number of batches, 0 for no bound."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+        raise LoaderError(f"max_inflight_batches={value!r}: give a whole number of batches, or 0 for no bound")
+    return int(value)

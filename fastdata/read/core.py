@@ -34,7 +34,7 @@ import torch
 
 from ..errors import CacheFormatError, LoaderError
 from .batch import Batch, Coverage
-from .config import LoaderConfig
+from .config import LoaderConfig, check_inflight
 from .fence import StepFence, cuda_event_factory
 from .order import OrderConfig, SampleOrder, resolve_rank_world
 
@@ -104,6 +104,15 @@ class Loader:
     def coverage(self) -> dict:
         """This rank's audit for the current epoch: samples seen, repeated, missed."""
         return self.coverage_audit.report()
+
+    def bound_lead(self, limit: int) -> int:
+        """Bound the batches whose GPU work may still be queued when the next is handed out (what
+        max_inflight_batches set; 0: no bound) from the next batch on; returns the bound replaced.
+        Engine.fit() lifts it for its run: it fences its own optimizer steps (max_inflight_steps), and
+        a wait inside next() would be booked as data wait."""
+        old = self._fence.limit
+        self._fence = StepFence(check_inflight(limit), cuda_event_factory(self.device, blocking=True))
+        return old
 
     def close(self) -> None:
         self._drop_stale(None)

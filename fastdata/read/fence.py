@@ -6,12 +6,16 @@ as data wait when it fell in the loader's on-device augmentation (38% on a run a
 synthetic ceiling). With at most `limit` steps in flight the host waits here instead, on the oldest
 step's event, with the GIL released, and that time counts as compute.
 
-The Engine fences its steps (EngineConfig.max_inflight_steps); the Loader can fence the batches it hands
-out (LoaderConfig.max_inflight_batches, off by default), which bounds a user's own loop the same way. It
-was tried as a cure for resnet18 fed from a JPEG cache losing time beside the loader's threads, on the
-guess that a host blocked on a full launch queue holds the GIL from them. A thread waking every 2 ms
-beside the loop found the GIL as free with the fence as without (the launches release it), and the
-loop gained within its noise (host-probe-resnet18-jpeg-H100-80GB-HBM3-2026-12-07-fence.md).
+The Engine fences its steps (EngineConfig.max_inflight_steps); the Loader fences the batches it hands
+out (LoaderConfig.max_inflight_batches, 3 by default; lifted while Engine.fit drives it), which bounds a
+user's own loop the same way. It was tried as a cure for resnet18 fed from a JPEG cache losing time
+beside the loader's threads, on the guess that a host blocked on a full launch queue holds the GIL from
+them. A thread waking every 2 ms beside the loop found the GIL as free with the fence as without (the
+launches release it), so the guess was wrong, yet the loop gained: 90.3-91.8% of synthetic fenced at 3
+against 83.1-83.8% unbounded over 7 rounds on a slower H100 host, with a synthetic batch fenced at 3 at
+99.9% and the raw cache unchanged (host-probe-*-H100-80GB-HBM3-2026-12-07-fence3*.md). Why a bounded
+lead helps there is not measured; a guess: the loader's GPU thread launches its decode and augmentation
+into a queue the training thread keeps full, and waits behind it.
 """
 from __future__ import annotations
 

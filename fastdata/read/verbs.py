@@ -142,7 +142,7 @@ def _make_backend(data, cfg: LoaderConfig, device: torch.device, requested: str 
 def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto", shuffle: bool = True,
            seed: int = 0, drop_last: bool = False, augment: bool | AugmentConfig | None = None,
            threads: int | None = None, prefetch: int | None = None, rank: int | None = None,
-           world_size: int | None = None, allow_empty_classes: bool = False, max_inflight_batches: int = 0,
+           world_size: int | None = None, allow_empty_classes: bool = False, max_inflight_batches: int = 3,
            **options) -> Loader:
     """Batches of (images, labels) on `device`, from any data fastdata reads.
 
@@ -152,7 +152,8 @@ def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto"
     (config.RawOptions, DecodeOptions, NvjpegOptions, DaliOptions); one the backend does not take is a
     LoaderError. allow_empty_classes: an image folder's class folders without images become labels
     without samples (ImageFolder's allow_empty) instead of an error naming one. max_inflight_batches:
-    how many handed-out batches' GPU work may still be queued when the next is handed out (fence.py).
+    how many handed-out batches' GPU work may still be queued when the next is handed out (fence.py; 0:
+    no bound).
     """
     augment = AugmentConfig() if augment is True else (None if augment is False else augment)
     data = user_path(data)
