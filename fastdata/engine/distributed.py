@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -10,6 +12,8 @@ from torch import nn
 
 from .config import EngineConfig
 from .step import make_optimizer
+
+log = logging.getLogger("fastdata.engine")
 
 
 def init_from_env(device_type: str) -> bool:
@@ -23,11 +27,28 @@ def init_from_env(device_type: str) -> bool:
     return True
 
 
+LEAVE_BARRIER_S = 10.0   # a clean run's ranks end within seconds of each other; a failed one is not waited on long
+
+
 def _leave() -> None:
     """Tear down the process group we joined before the interpreter exits, as torch asks
-    (destroy_process_group at the end of a run) instead of leaving it to static destruction."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    (destroy_process_group at the end of a run) instead of leaving it to static destruction.
+
+    Gloo first meets the other ranks at a barrier, waited for with the GIL released. Why: a gloo
+    worker thread drops its last reference to a finished collective (the run's last all_reduce)
+    only once it gets the GIL, to release the tensors' Python objects; if the interpreter is already
+    finalizing by then, that thread is made to exit mid-destructor and the process aborts
+    ("terminate called without an active exception", a core dump showed ProcessGroupGloo::AsyncWork's
+    destructor in take_gil). DDP and ZeRO keep the group alive past destroy_process_group, so it is
+    not joined here. The barrier is bounded: a rank that failed must not make the others hang."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_backend() == "gloo":
+        try:
+            dist.barrier(async_op=True).wait(timeout=timedelta(seconds=LEAVE_BARRIER_S))
+        except Exception as e:  # noqa: BLE001 - a peer gone or late: leave anyway, as before
+            log.debug("barrier before leaving the process group: %s", e)
+    dist.destroy_process_group()
 
 
 def local_device() -> torch.device:
