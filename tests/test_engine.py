@@ -245,6 +245,27 @@ def test_step_fence_waits_on_the_oldest_step_once_the_limit_is_reached():
     assert not none.pending
 
 
+def test_no_event_is_recorded_while_a_cuda_graph_is_captured(monkeypatch):
+    """Recording into a stream under capture fails the capture: the fence skips those batches."""
+    from fastdata.read.fence import StepFence, cuda_event_factory
+
+    made = []
+    monkeypatch.setattr(torch.cuda, "Event", lambda blocking=False: made.append(blocking) or FakeRecorded())
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    fence = StepFence(1, cuda_event_factory(torch.device("cuda", 0), blocking=True))
+    fence.record(), fence.wait()
+    assert not made and not fence.pending
+    capturing[0] = False
+    fence.record()
+    assert made == [True] and len(fence.pending) == 1
+
+
+class FakeRecorded:
+    def record(self):
+        pass
+
+
 def test_engine_does_not_augment_uint8_batches_and_says_what_to_do(raw_cache):
     """Batches are augmented once, by the loader (in the engine's dtype); a uint8 batch is an error
     that names the fix instead of a second, float32 augmentation inside the engine."""

@@ -34,6 +34,8 @@ class StepFence:
         if self.make_event is None or self.limit <= 0:
             return
         event = self.make_event()
+        if event is None:        # no event to record now (a CUDA graph being captured)
+            return
         event.record()
         self.pending.append(event)
 
@@ -43,9 +45,15 @@ class StepFence:
 
 
 def cuda_event_factory(device, blocking: bool = False) -> Callable[[], object] | None:
-    """Events on the current stream of a CUDA device; None (no fencing) elsewhere. blocking: the
-    waiting thread sleeps instead of spinning (a core less, tens of us later to wake)."""
+    """Events on the current stream of a CUDA device (none while that stream is being captured into a
+    CUDA graph); None (no fencing) elsewhere. blocking: the waiting thread sleeps instead of spinning
+    (a core less, tens of us later to wake)."""
     if device.type != "cuda":
         return None
     import torch
-    return lambda: torch.cuda.Event(blocking=blocking)
+
+    def make():
+        # recording an event into a stream being captured is an error: a user capturing a graph around
+        # next(loader) gets no fence for those batches rather than a failed capture
+        return None if torch.cuda.is_current_stream_capturing() else torch.cuda.Event(blocking=blocking)
+    return make
