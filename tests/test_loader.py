@@ -416,3 +416,33 @@ def test_the_lead_is_bounded_at_three_batches_by_default_and_the_engine_lifts_it
     assert seen == [0] and dl._fence.limit == 3 and not made     # unbounded: no event was recorded
     sum(1 for _ in dl)
     assert len(made) == len(dl)                                   # a plain loop: one event a batch
+
+
+def test_the_wait_for_the_gpu_is_counted_apart_from_data_wait(raw_cache, monkeypatch):
+    """With the lead bounded by default, next() also waits for the GPU. The loader counts that time
+    (lead_wait, across bound_lead) and the doctor's meter of next() leaves it out of the data wait."""
+    import types
+
+    from fastdata.monitor import script
+    from fastdata.read import core, fence
+
+    clock = [0.0]
+    fake_time = types.SimpleNamespace(perf_counter=lambda: clock[0])
+    monkeypatch.setattr(fence, "time", fake_time)
+    monkeypatch.setattr(script, "time", fake_time)
+
+    class SlowGpu:             # each wait for an event takes 2 s of the fake clock
+        def record(self):
+            pass
+
+        def synchronize(self):
+            clock[0] += 2.0
+
+    monkeypatch.setattr(core, "cuda_event_factory", lambda device, blocking: SlowGpu)
+    dl = fastdata.loader(raw_cache, 16, device="cpu", max_inflight_batches=2)
+    waits = []
+    assert sum(1 for _ in script.timed(dl, waits.append)) == 8
+    assert dl.lead_wait == 2.0 * 7                  # batches 1..7 each waited for one event
+    assert waits == [0.0] * 9                       # ... none of it data wait (the 9th: the epoch's end)
+    assert dl.bound_lead(0) == 2 and dl.lead_wait == 14.0   # the total survives a new bound
+    assert sum(1 for _ in dl) == 8 and dl.lead_wait == 14.0

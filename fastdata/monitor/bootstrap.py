@@ -35,7 +35,7 @@ _state: ScriptState | None = None
 
 def _wrap_iter(it, source: str, loader=None):
     _state.note_loader(source, loader)
-    return timed(it, _state.wait, _state.note_batch)
+    return timed(it, _state.wait, _state.note_batch, loader)
 
 
 def _hook_loaders() -> None:

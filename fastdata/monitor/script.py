@@ -13,17 +13,20 @@ import time
 from .._util import batch_len, first_array
 
 
-def timed(iterable, on_wait, on_batch=None):
-    """Yield from iterable, reporting the seconds each next() blocked (the data wait)."""
-    it = iter(iterable)
+def timed(iterable, on_wait, on_batch=None, loader=None):
+    """Yield from iterable, reporting the seconds each next() blocked (the data wait). A fastdata Loader's
+    wait for the GPU to catch up (its lead_wait: max_inflight_batches) is GPU backlog and is left out.
+    loader: the object iterable iterates (default: iterable itself)."""
+    it, owner = iter(iterable), iterable if loader is None else loader
+    lead = (lambda: owner.lead_wait) if hasattr(owner, "lead_wait") else (lambda: 0.0)
     while True:
-        t = time.perf_counter()
+        t, gpu = time.perf_counter(), lead()
         try:
             batch = next(it)
         except StopIteration:
             return
         finally:
-            on_wait(time.perf_counter() - t)
+            on_wait(max(0.0, time.perf_counter() - t - (lead() - gpu)))
         if on_batch is not None:
             on_batch(batch)
         yield batch

@@ -19,6 +19,7 @@ into a queue the training thread keeps full, and waits behind it.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Callable
 
@@ -29,6 +30,7 @@ class StepFence:
     def __init__(self, limit: int, make_event: Callable[[], object] | None):
         self.limit, self.make_event = limit, make_event
         self.pending: deque = deque()
+        self.waited = 0.0       # seconds spent in wait() for the GPU: backlog, not data wait
 
     def record(self) -> None:
         if self.make_event is None or self.limit <= 0:
@@ -40,8 +42,12 @@ class StepFence:
         self.pending.append(event)
 
     def wait(self) -> None:
-        while len(self.pending) >= self.limit > 0:
+        if len(self.pending) < self.limit or self.limit <= 0:
+            return
+        t = time.perf_counter()
+        while len(self.pending) >= self.limit:
             self.pending.popleft().synchronize()
+        self.waited += time.perf_counter() - t
 
 
 def cuda_event_factory(device, blocking: bool = False) -> Callable[[], object] | None:
