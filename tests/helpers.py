@@ -188,3 +188,13 @@ def random_jpeg(w: int, h: int, seed: int, mode: str = "RGB") -> np.ndarray:
     buf = io.BytesIO()
     Image.fromarray(px).convert(mode).save(buf, format="JPEG", quality=90)
     return np.frombuffer(buf.getvalue(), np.uint8)
+
+
+def spans_batch(jpegs):
+    """The images (uint8 arrays) as spans of one shard-like buffer, as a JPEG cache's batch is."""
+    from fastdata.read.spans import EncodedBatch
+
+    buf = np.concatenate(jpegs)
+    ends = np.cumsum([j.nbytes for j in jpegs])
+    return EncodedBatch((buf,), np.zeros(len(jpegs), np.int64), ends - [j.nbytes for j in jpegs], ends,
+                        np.arange(len(jpegs), dtype=np.int64))

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from types import SimpleNamespace
 
@@ -19,8 +18,7 @@ from PIL import Image
 from fastdata.errors import LoaderError
 from fastdata.read.backends.decode_pool import DECODE_NICE, MIN_TASK, DecodePool, Slot
 from fastdata.read.config import split_options
-from fastdata.read.spans import EncodedBatch
-from helpers import random_jpeg as _jpeg
+from helpers import random_jpeg as _jpeg, spans_batch as _batch
 
 
 
@@ -34,14 +32,6 @@ def pool():
     p = DecodePool(2)
     yield p
     p.close()
-
-
-def _batch(jpegs):
-    """The images as spans of one shard-like buffer, as a JPEG cache's batch is."""
-    buf = np.concatenate(jpegs)
-    ends = np.cumsum([j.nbytes for j in jpegs])
-    return EncodedBatch((buf,), np.zeros(len(jpegs), np.int64), ends - [j.nbytes for j in jpegs], ends,
-                        np.arange(len(jpegs), dtype=np.int64))
 
 
 def test_the_share_is_decoded_planar_back_to_back_across_processes(pool):
@@ -182,161 +172,6 @@ def test_the_backend_hands_the_share_to_the_processes(jpeg_cache, pool):
     finally:
         del pixels
         slot["shared"].close()
-
-
-def test_a_slot_file_is_removed_at_close_and_at_exit_without_close(pool, tmp_path):
-    """tmpfs holds RAM: close() removes the slot's file, and so does the end of a run that never closed
-    its loader (Ctrl-C, an exception)."""
-    slot = Slot()
-    pool.decode(slot, _batch([_jpeg(8, 8, 0)]), np.array([8]), np.array([8]), str)
-    path = slot.path
-    assert os.path.isfile(path)
-    slot.close()
-    assert not os.path.exists(path)
-    script = ("import sys\nfrom fastdata.read.backends.decode_pool import Slot\n"
-              "s = Slot()\ns.ensure(4096)\nprint(s.path, flush=True)\nraise KeyboardInterrupt\n")
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    left = run.stdout.strip()
-    assert run.returncode != 0 and "KeyboardInterrupt" in run.stderr
-    assert left.startswith(tempfile.gettempdir() if not os.path.isdir("/dev/shm") else "/dev/shm/")
-    assert not os.path.exists(left)
-
-
-def _mapping_at(address: int) -> str | None:
-    """The file mapped at address in this process, from /proc/self/maps."""
-    with open("/proc/self/maps") as f:
-        for line in f:
-            span, *rest = line.split()
-            lo, hi = (int(x, 16) for x in span.split("-"))
-            if lo <= address < hi:
-                return rest[4] if len(rest) > 4 else ""
-    return None
-
-
-def _mapped(path: str) -> bool:
-    with open("/proc/self/maps") as f:
-        return any(line.rstrip().endswith(path) for line in f)
-
-
-@pytest.fixture
-def fake_driver(monkeypatch):
-    """host_pin's driver calls recorded; each unregister notes whether the file registered at that
-    address is still mapped there."""
-    from fastdata.read.backends import host_pin
-
-    calls, files = [], {}
-
-    def register(address, nbytes, device):
-        calls.append(("register", address, nbytes, device))
-        if device < 0:                                  # a negative device: the driver refuses
-            return None
-        files[address] = _mapping_at(address)
-        return address, device
-
-    def unregister(token):
-        calls.append(("unregister", token[0], _mapping_at(token[0]) == files.pop(token[0])))
-
-    monkeypatch.setattr(host_pin, "register", register)
-    monkeypatch.setattr(host_pin, "unregister", unregister)
-    return calls
-
-
-def test_a_slot_is_unregistered_while_still_mapped_on_close_growth_and_collection(fake_driver):
-    """A slot unmapped while registered kept the old pages locked under its address, and the next slot
-    mapped there gave torch another loader's pixels (GPU suite, 2026-12-07): each registration goes
-    before its mapping, at close(), when the slot grows, and when a slot never closed is collected."""
-    import gc
-
-    slot = Slot(0)
-    slot.ensure(4096)
-    assert slot.pinned and fake_driver[-1][0] == "register" and fake_driver[-1][3] == 0
-    first = fake_driver[-1][1]
-    slot.ensure(1 << 20)                                   # grows: a new file, the old one released
-    assert fake_driver[-2] == ("unregister", first, True) and fake_driver[-1][0] == "register"
-    second, path = fake_driver[-1][1], slot.path
-    slot.close()
-    assert fake_driver[-1] == ("unregister", second, True) and not os.path.exists(path)
-    slot.close()                                           # twice: nothing more
-    assert fake_driver[-1][1] == second and len(fake_driver) == 4
-    dropped = Slot(0)
-    dropped.ensure(8192)
-    third, path = fake_driver[-1][1], dropped.path
-    del dropped
-    gc.collect()
-    assert fake_driver[-1] == ("unregister", third, True)
-    assert not os.path.exists(path) and not _mapped(path)
-
-
-def test_a_slot_the_driver_will_not_page_lock_is_used_pageable(fake_driver):
-    refused, plain = Slot(-1), Slot()
-    try:
-        for s in (refused, plain):
-            s.ensure(4096)[:3] = [1, 2, 3]
-            assert not s.pinned and s.array[:3].tolist() == [1, 2, 3]
-        assert [c[0] for c in fake_driver] == ["register"]      # (a slot without a device asks nothing)
-    finally:
-        refused.close()
-        plain.close()
-    assert [c[0] for c in fake_driver] == ["register"]          # nothing registered: nothing undone
-
-
-def test_without_a_cuda_driver_page_locking_declines_quietly(monkeypatch):
-    from fastdata.read.backends import host_pin
-
-    monkeypatch.setattr(host_pin, "_DRIVER", [None])
-    assert host_pin.register(4096, 4096, 0) is None
-
-
-def test_a_slot_without_room_says_so_instead_of_a_bus_error(monkeypatch):
-    """A slot is allocated whole (posix_fallocate): on a full /dev/shm (Docker's 64 MB) the loader gets a
-    clear error at once, where a sparse file would kill the first writer past the room with SIGBUS."""
-    import errno
-
-    from fastdata.read.backends import decode_pool
-
-    made = []
-    real_mkstemp = tempfile.mkstemp
-
-    def mkstemp(**kw):
-        fd, path = real_mkstemp(**kw)
-        made.append(path)
-        return fd, path
-
-    def full(fd, offset, size):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(decode_pool.tempfile, "mkstemp", mkstemp)
-    monkeypatch.setattr(decode_pool.os, "posix_fallocate", full)
-    slot = Slot()
-    with pytest.raises(decode_pool.SlotSpaceError, match=r"No space left.*--shm-size.*cpu_processes=0"):
-        slot.ensure(1 << 20)
-    assert made and not os.path.exists(made[0]) and slot.path is None
-
-
-@pytest.mark.parametrize("asked", [None, 0.5])
-def test_a_default_share_without_slot_room_goes_back_to_the_gpu(jpeg_cache, asked):
-    """Out of /dev/shm: a share picked by default (cpu_share=None) is given back to the GPU, with a
-    warning, and the batch goes whole to the GPU; a share the user asked for raises the error."""
-    from fastdata.read.backends.decode_pool import SlotSpaceError
-    from fastdata.read.backends.nvjpeg import NvjpegBackend
-    from fastdata.read.encoded import EncodedSource
-
-    class NoRoom:
-        def decode(self, *a):
-            raise SlotSpaceError("/dev/shm/x: cannot make a 9 MB decode slot (No space left on device)")
-
-    src = EncodedSource(jpeg_cache)
-    cfg = SimpleNamespace(options=SimpleNamespace(cpu_share=asked))
-    me = SimpleNamespace(_share=0.5, encoded=src, _procs=NoRoom(), cfg=cfg, _count=lambda *a: None)
-    idx = np.arange(6)
-    batch = src.get_spans(idx)
-    sizes = batch.baseline_sizes()
-    if asked is not None:
-        with pytest.raises(SlotSpaceError):
-            NvjpegBackend._split(me, batch, idx, sizes, None, {"shared": Slot()})
-        return
-    gpu, got, cpu = NvjpegBackend._split(me, batch, idx, sizes, None, {"shared": Slot()})
-    assert cpu is None and len(gpu) == 6 and got is sizes and me._share == 0.0
 
 
 def _spy_writes(monkeypatch, forward: bool = True) -> list:
@@ -508,117 +343,3 @@ def test_decode_processes_do_not_outlive_the_loaders_process(ending):
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(pid) for pid in pids)
-
-
-@pytest.fixture(scope="module", params=["h5", "pt"])
-def shard_cache(request, image_folder, tmp_path_factory):
-    """A JPEG cache of several shards in each shard format."""
-    from helpers import build
-
-    dest = tmp_path_factory.mktemp(f"direct-{request.param}") / "cache"
-    build(image_folder, dest, encode="jpeg", quality=90, shard_size="150KB", workers=2, format=request.param)
-    return dest
-
-
-def test_a_caches_batch_is_read_by_the_processes_from_its_files(shard_cache, pool, monkeypatch):
-    """The default for a local cache: the rows name each shard file and offset, no JPEG byte is copied into
-    the slot, and the pixels equal those decoded from the bytes copied in (DIRECT_READS off)."""
-    from fastdata.read.backends import decode_pool
-    from fastdata.read.encoded import EncodedSource
-
-    src = EncodedSource(shard_cache)
-    idx = np.random.default_rng(0).permutation(len(src))[:3 * MIN_TASK]
-    batch = src.get_spans(np.sort(idx), sizes=True)
-    assert batch.files is not None and len(batch.buffers) > 1     # several shards, each a file
-    h, w = batch.baseline_sizes()
-    got = {}
-    for direct in (True, False):
-        monkeypatch.setattr(decode_pool, "DIRECT_READS", direct)
-        slot = Slot()
-        try:
-            got[direct] = pool.decode(slot, batch, h, w, str).copy()
-            got[direct, "slot"] = slot.size
-        finally:
-            slot.close()
-    assert np.array_equal(got[True], got[False])
-    assert np.array_equal(got[True], np.concatenate([_planar(a) for a in batch.arrays()]))
-    assert got[True, "slot"] < got[False, "slot"]     # no room for the JPEG bytes
-
-
-def test_a_shard_rebuilt_under_the_loader_is_an_error_not_other_pixels(shard_cache, tmp_path):
-    """A shard file replaced at its path after the loader opened it (another inode) is refused by the
-    decode process, which would otherwise decode the new file's bytes at the old offsets."""
-    import shutil
-
-    from fastdata.read.encoded import EncodedSource
-
-    copy = tmp_path / "cache"
-    shutil.copytree(shard_cache, copy)
-    src = EncodedSource(copy)
-    batch = src.get_spans(np.arange(MIN_TASK), sizes=True)
-    h, w = batch.baseline_sizes()
-    path = batch.files[0][0]
-    shutil.copyfile(path, path + ".new")
-    os.replace(path + ".new", path)          # same bytes, a new file
-    p, slot = DecodePool(1), Slot()
-    try:
-        with pytest.raises(LoaderError, match="changed since the loader opened it.*make a new loader"):
-            p.decode(slot, batch, h, w, str)
-    finally:
-        p.close()
-        slot.close()
-
-
-def test_the_sample_index_gives_the_spans_the_shard_walk_gives(shard_cache):
-    """sample_index.py against EncodedSource's shard-by-shard walk: the same bytes, labels and sizes."""
-    from fastdata.read.encoded import EncodedSource
-
-    fast, walk = EncodedSource(shard_cache), EncodedSource(shard_cache)
-    walk._index = None
-    rng = np.random.default_rng(1)
-    for n in (1, 7, len(fast)):
-        idx = np.sort(rng.permutation(len(fast))[:n])
-        a, b = fast.get_spans(idx, sizes=True), walk.get_spans(idx, sizes=True)
-        assert [x.tobytes() for x in a.arrays()] == [x.tobytes() for x in b.arrays()]
-        assert np.array_equal(a.labels, b.labels) and np.array_equal(a.sizes, b.sizes)
-        assert np.array_equal(fast.shard_sizes(0), walk.shard_sizes(0))
-    assert np.array_equal(fast.get_spans(idx).labels, fast.labels()[idx])
-
-
-def test_a_task_that_reads_more_files_than_a_worker_keeps_mapped_still_decodes(shard_cache, monkeypatch):
-    """A worker keeps MAX_MAPS files mapped; a batch spread over more shards than that evicts maps
-    its own task still reads, which must not fail the batch."""
-    from fastdata.read.backends import decode_worker
-    from fastdata.read.encoded import EncodedSource
-
-    monkeypatch.setattr(decode_worker, "MAX_MAPS", 1)     # (read by the worker forked below)
-    src = EncodedSource(shard_cache)
-    batch = src.get_spans(np.arange(len(src)), sizes=True)
-    assert len(batch.files) >= 2     # with the slot, three maps for a worker that keeps one
-    h, w = batch.baseline_sizes()
-    p, slot = DecodePool(1), Slot()
-    try:
-        flat = p.decode(slot, batch, h, w, str)
-        assert np.array_equal(flat, np.concatenate([_planar(a) for a in batch.arrays()]))
-    finally:
-        p.close()
-        slot.close()
-
-
-def test_a_cache_opened_by_a_relative_path_is_read_after_the_loader_changes_directory(shard_cache, monkeypatch):
-    """The decode processes keep the directory they were forked in; the files a task names are absolute."""
-    from fastdata.read.encoded import EncodedSource
-
-    p, slot = DecodePool(1), Slot()       # forked here, before the cache is opened
-    try:
-        monkeypatch.chdir(shard_cache.parent)
-        src = EncodedSource(shard_cache.name)
-        batch = src.get_spans(np.arange(MIN_TASK), sizes=True)
-        assert all(os.path.isabs(f[0]) for f in batch.files)
-        monkeypatch.chdir("/")
-        h, w = batch.baseline_sizes()
-        flat = p.decode(slot, batch, h, w, str)
-        assert np.array_equal(flat, np.concatenate([_planar(a) for a in batch.arrays()]))
-    finally:
-        p.close()
-        slot.close()

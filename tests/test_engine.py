@@ -217,55 +217,6 @@ def test_partial_batch_beside_a_captured_graph_runs_eagerly(monkeypatch):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # the partial batch ran eagerly
 
 
-def test_step_fence_waits_on_the_oldest_step_once_the_limit_is_reached():
-    from fastdata.read.fence import StepFence
-
-    log, made = [], []
-
-    class FakeEvent:
-        def __init__(self):
-            self.n = len(made)
-            made.append(self)
-
-        def record(self):
-            log.append(("record", self.n))
-
-        def synchronize(self):
-            log.append(("sync", self.n))
-
-    fence = StepFence(2, FakeEvent)
-    for _ in range(4):
-        fence.wait()
-        fence.record()
-    # steps 0 and 1 run free; before the third and fourth batch the host waits for steps 0 and 1
-    assert log == [("record", 0), ("record", 1), ("sync", 0), ("record", 2), ("sync", 1), ("record", 3)]
-    assert [e.n for e in fence.pending] == [2, 3]
-    none = StepFence(2, None)   # CPU: nothing recorded, nothing waited on
-    none.record(), none.wait()
-    assert not none.pending
-
-
-def test_no_event_is_recorded_while_a_cuda_graph_is_captured(monkeypatch):
-    """Recording into a stream under capture fails the capture: the fence skips those batches."""
-    from fastdata.read.fence import StepFence, cuda_event_factory
-
-    made = []
-    monkeypatch.setattr(torch.cuda, "Event", lambda blocking=False: made.append(blocking) or FakeRecorded())
-    capturing = [True]
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    fence = StepFence(1, cuda_event_factory(torch.device("cuda", 0), blocking=True))
-    fence.record(), fence.wait()
-    assert not made and not fence.pending
-    capturing[0] = False
-    fence.record()
-    assert made == [True] and len(fence.pending) == 1
-
-
-class FakeRecorded:
-    def record(self):
-        pass
-
-
 def test_engine_does_not_augment_uint8_batches_and_says_what_to_do(raw_cache):
     """Batches are augmented once, by the loader (in the engine's dtype); a uint8 batch is an error
     that names the fix instead of a second, float32 augmentation inside the engine."""
