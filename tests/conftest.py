@@ -46,3 +46,13 @@ def variable_cache(image_folder, tmp_path_factory):
     dest = tmp_path_factory.mktemp("var") / "cache"
     build(image_folder, dest, resize="short", size=48, workers=2, shard_size="300KB")
     return dest
+
+
+@pytest.fixture(scope="module")
+def pool():
+    """Two forked decode processes (read/backends/decode_pool.py), shared by a test module."""
+    from fastdata.read.backends.decode_pool import DecodePool
+
+    p = DecodePool(2)
+    yield p
+    p.close()

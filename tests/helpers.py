@@ -198,3 +198,10 @@ def spans_batch(jpegs):
     ends = np.cumsum([j.nbytes for j in jpegs])
     return EncodedBatch((buf,), np.zeros(len(jpegs), np.int64), ends - [j.nbytes for j in jpegs], ends,
                         np.arange(len(jpegs), dtype=np.int64))
+
+
+def planar_rgb(data) -> np.ndarray:
+    """A JPEG's pixels decoded by PIL as planar RGB, flat: what the decode processes write into a slot."""
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(bytes(data))).convert("RGB")).transpose(2, 0, 1).reshape(-1)

@@ -18,20 +18,9 @@ from PIL import Image
 from fastdata.errors import LoaderError
 from fastdata.read.backends.decode_pool import DECODE_NICE, MIN_TASK, DecodePool, Slot
 from fastdata.read.config import split_options
-from helpers import random_jpeg as _jpeg, spans_batch as _batch
+from helpers import planar_rgb, random_jpeg as _jpeg, spans_batch as _batch
 
 
-
-
-def _planar(data) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(bytes(data))).convert("RGB")).transpose(2, 0, 1).reshape(-1)
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = DecodePool(2)
-    yield p
-    p.close()
 
 
 def test_the_share_is_decoded_planar_back_to_back_across_processes(pool):
@@ -41,7 +30,7 @@ def test_the_share_is_decoded_planar_back_to_back_across_processes(pool):
     slot = Slot()
     try:
         flat = pool.decode(slot, _batch(jpegs), h, w, str)
-        assert np.array_equal(flat, np.concatenate([_planar(j) for j in jpegs]))
+        assert np.array_equal(flat, np.concatenate([planar_rgb(j) for j in jpegs]))
         assert slot.path.startswith("/dev/shm/") or not os.path.isdir("/dev/shm")
     finally:
         slot.close()
@@ -52,7 +41,7 @@ def test_a_grey_jpeg_is_decoded_as_rgb_as_the_gpu_decoder_does(pool):
     slot = Slot()
     try:
         flat = pool.decode(slot, _batch(jpegs), np.array([10, 10]), np.array([20, 20]), str)
-        assert np.array_equal(flat, np.concatenate([_planar(j) for j in jpegs]))
+        assert np.array_equal(flat, np.concatenate([planar_rgb(j) for j in jpegs]))
     finally:
         slot.close()
 
@@ -67,7 +56,7 @@ def test_a_bad_image_is_named_by_the_loader_and_the_header_is_checked(pool):
             pool.decode(slot, _batch(jpegs), h, w, lambda j: f"img{j}")
         with pytest.raises(LoaderError, match=r"img1: decoded 20x10, header says 21x10"):
             pool.decode(slot, _batch([good, good]), h[:2], np.array([20, 21]), lambda j: f"img{j}")
-        assert np.array_equal(pool.decode(slot, _batch([good]), h[:1], w[:1], str), _planar(good))  # still serves
+        assert np.array_equal(pool.decode(slot, _batch([good]), h[:1], w[:1], str), planar_rgb(good))  # still serves
     finally:
         slot.close()
 
@@ -79,7 +68,7 @@ def test_a_slot_grows_into_a_new_file_and_close_removes_what_it_made(pool):
     first = slot.path
     big = [_jpeg(300, 200, k) for k in range(3)]
     flat = pool.decode(slot, _batch(big), np.full(3, 200), np.full(3, 300), str)
-    assert np.array_equal(flat, np.concatenate([_planar(j) for j in big]))
+    assert np.array_equal(flat, np.concatenate([planar_rgb(j) for j in big]))
     assert slot.path != first and not os.path.exists(first)
     del flat
     last = slot.path
@@ -167,7 +156,7 @@ def test_the_backend_hands_the_share_to_the_processes(jpeg_cache, pool):
         gpu, _, (pixels, h, w, planar) = NvjpegBackend._split(me, batch, idx, sizes, None, slot)
         assert planar is True and len(gpu) == 3 and counted == {"cpu": 3}
         assert isinstance(pixels, torch.Tensor) and pixels.dtype == torch.uint8
-        assert np.array_equal(pixels.numpy(), np.concatenate([_planar(a) for a in batch.arrays()[3:]]))
+        assert np.array_equal(pixels.numpy(), np.concatenate([planar_rgb(a) for a in batch.arrays()[3:]]))
         assert h.tolist() == sizes[0][3:].tolist() and w.tolist() == sizes[1][3:].tolist()
     finally:
         del pixels
@@ -208,7 +197,7 @@ def test_the_pool_sends_a_batch_in_per_batch_tasks_and_still_decodes_it_whole(mo
     try:
         flat = p.decode(slot, _batch(jpegs), h, w, str)
         assert p.per_batch == 2 and len(sent) == 2     # 3 processes, 3 readers: 2 tasks, not 3
-        assert np.array_equal(flat, np.concatenate([_planar(j) for j in jpegs]))
+        assert np.array_equal(flat, np.concatenate([planar_rgb(j) for j in jpegs]))
     finally:
         slot.close()
         p.close()
@@ -265,7 +254,7 @@ def test_many_readers_share_few_workers_and_each_gets_its_own_batch_back():
         sizes = [(8 + r, 10 + (k % 3)) for k in range(2 * MIN_TASK + r)]
         jpegs = [_jpeg(w, h, 100 * r + k) for k, (h, w) in enumerate(sizes)]
         batches.append((_batch(jpegs), np.array([s[0] for s in sizes]), np.array([s[1] for s in sizes]),
-                        np.concatenate([_planar(j) for j in jpegs])))
+                        np.concatenate([planar_rgb(j) for j in jpegs])))
     wrong, errors = [], []
 
     def reader(r):
@@ -312,7 +301,7 @@ def test_a_worker_error_that_is_no_images_fault_is_told_as_such(monkeypatch):
         other = Slot()
         try:
             assert np.array_equal(p.decode(other, _batch(jpegs), h, w, str),
-                                  np.concatenate([_planar(j) for j in jpegs]))
+                                  np.concatenate([planar_rgb(j) for j in jpegs]))
         finally:
             other.close()
     finally:

@@ -2,26 +2,14 @@
 a file and offset instead of bytes copied into the slot), and the sample index behind a batch's spans."""
 from __future__ import annotations
 
-import io
 import os
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from fastdata.errors import LoaderError
 from fastdata.read.backends.decode_pool import MIN_TASK, DecodePool, Slot
-
-
-def _planar(data) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(bytes(data))).convert("RGB")).transpose(2, 0, 1).reshape(-1)
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = DecodePool(2)
-    yield p
-    p.close()
+from helpers import planar_rgb
 
 
 @pytest.fixture(scope="module", params=["h5", "pt"])
@@ -55,7 +43,7 @@ def test_a_caches_batch_is_read_by_the_processes_from_its_files(shard_cache, poo
         finally:
             slot.close()
     assert np.array_equal(got[True], got[False])
-    assert np.array_equal(got[True], np.concatenate([_planar(a) for a in batch.arrays()]))
+    assert np.array_equal(got[True], np.concatenate([planar_rgb(a) for a in batch.arrays()]))
     assert got[True, "slot"] < got[False, "slot"]     # no room for the JPEG bytes
 
 
@@ -113,7 +101,7 @@ def test_a_task_that_reads_more_files_than_a_worker_keeps_mapped_still_decodes(s
     p, slot = DecodePool(1), Slot()
     try:
         flat = p.decode(slot, batch, h, w, str)
-        assert np.array_equal(flat, np.concatenate([_planar(a) for a in batch.arrays()]))
+        assert np.array_equal(flat, np.concatenate([planar_rgb(a) for a in batch.arrays()]))
     finally:
         p.close()
         slot.close()
@@ -132,7 +120,7 @@ def test_a_cache_opened_by_a_relative_path_is_read_after_the_loader_changes_dire
         monkeypatch.chdir("/")
         h, w = batch.baseline_sizes()
         flat = p.decode(slot, batch, h, w, str)
-        assert np.array_equal(flat, np.concatenate([_planar(a) for a in batch.arrays()]))
+        assert np.array_equal(flat, np.concatenate([planar_rgb(a) for a in batch.arrays()]))
     finally:
         p.close()
         slot.close()

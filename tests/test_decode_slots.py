@@ -11,15 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from fastdata.read.backends.decode_pool import DecodePool, Slot
+from fastdata.read.backends.decode_pool import Slot
 from helpers import random_jpeg as _jpeg, spans_batch as _batch
-
-
-@pytest.fixture(scope="module")
-def pool():
-    p = DecodePool(2)
-    yield p
-    p.close()
 
 
 def test_a_slot_file_is_removed_at_close_and_at_exit_without_close(pool, tmp_path):
