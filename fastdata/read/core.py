@@ -71,7 +71,6 @@ class Loader:
         self._resume_pending = False      # set by load_state_dict: the next iter() continues from there
         # the host's lead over the GPU, bounded in batches (fence.py): a sleeping wait, GIL released
         self._fence = StepFence(cfg.max_inflight_batches, cuda_event_factory(self.device, blocking=True))
-        self._lead_waited = 0.0           # lead_wait of fences replaced by bound_lead()
 
     # ---- the DataLoader-like surface ------------------------------------------------------------
     def __len__(self) -> int:
@@ -111,15 +110,13 @@ class Loader:
         max_inflight_batches set; 0: no bound) from the next batch on; returns the bound replaced.
         Engine.fit() lifts it for its run: it fences its own optimizer steps (max_inflight_steps), and
         a wait inside next() would be booked as data wait."""
-        old, self._lead_waited = self._fence.limit, self.lead_wait
-        self._fence = StepFence(check_inflight(limit), cuda_event_factory(self.device, blocking=True))
-        return old
+        return self._fence.rebound(check_inflight(limit))
 
     @property
     def lead_wait(self) -> float:
         """Seconds next() has spent waiting for the GPU to catch up (max_inflight_batches), in total. That
         time is the GPU's backlog, not data wait: a meter of the time in next() (the doctor's) takes it off."""
-        return self._lead_waited + self._fence.waited
+        return self._fence.waited
 
     def close(self) -> None:
         self._drop_stale(None)

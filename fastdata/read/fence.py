@@ -41,6 +41,13 @@ class StepFence:
         event.record()
         self.pending.append(event)
 
+    def rebound(self, limit: int) -> int:
+        """A new limit from the next record() on (the events pending under the old one are dropped);
+        returns the old limit. waited keeps its total."""
+        old, self.limit = self.limit, limit
+        self.pending.clear()
+        return old
+
     def wait(self) -> None:
         if len(self.pending) < self.limit or self.limit <= 0:
             return
