@@ -116,6 +116,14 @@ def test_symlinked_folders_are_followed_and_loops_skipped_and_reported(image_fol
     assert "2 symlink loop" in res.skipped and "1 hidden" in res.skipped and "1 not an image file" in res.skipped
 
 
+def test_a_hidden_folder_beside_the_classes_is_reported_not_made_a_class(image_folder, tmp_path):
+    src = _tree(image_folder, tmp_path / "src")
+    shutil.copytree(src / "a", src / ".ipynb_checkpoints")     # Jupyter leaves these beside the classes
+    res = build(src, tmp_path / "c", workers=0)
+    assert res.manifest.label_map == {"a": 0, "b": 1, "c": 2} and res.manifest.num_samples == 9
+    assert res.skipped == "1 entry skipped: 1 hidden"
+
+
 def test_only_broken_inputs_is_a_build_error_naming_the_list(tmp_path, capsys):
     src = tmp_path / "src" / "k"
     src.mkdir(parents=True)

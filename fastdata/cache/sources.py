@@ -53,7 +53,8 @@ class Source:
             return ""
         counts = Counter(why for _, why in self.skipped)
         parts = ", ".join(f"{n} {why}" for why, n in counts.most_common())
-        return f"{len(self.skipped)} entries skipped: {parts}"
+        n = len(self.skipped)
+        return f"{n} {'entry' if n == 1 else 'entries'} skipped: {parts}"
 
 
 def with_classes(source: Source, label_map: dict[str, int], origin: str) -> Source:
@@ -139,8 +140,9 @@ def _from_folder(src: Path, images_only: bool, exclude: frozenset[str], allow_em
     root = os.path.realpath(src)
     classes = []
     for e in sorted(os.scandir(src), key=lambda e: e.name):
-        if not e.name.startswith(".") and e.is_dir(follow_symlinks=True) and scan._enter(e.path, e.name,
-                                                                                          frozenset({root})):
+        if e.name.startswith("."):      # .ipynb_checkpoints/, .DS_Store: never a class (torchvision's would be)
+            scan.skip(e.name, "hidden")
+        elif e.is_dir(follow_symlinks=True) and scan._enter(e.path, e.name, frozenset({root})):
             classes.append(e.name)
     if not classes:
         scan.skipped.clear()
