@@ -234,12 +234,6 @@ def lead_variants(syn, default, gpu_only) -> list:
     ]
 
 
-def every_wait(loader):
-    """The loader as before the steer took only GPU time lost (core.Loader._gpu_lost): every late read counts."""
-    loader._fence.gpu_idle = lambda: None
-    return loader
-
-
 def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
     """(name, make, images_of) rows for host_probe.main; fd(**kw) makes a fastdata.loader."""
     def jpeg(**kw):     # the GPU decodes every image unless a row gives a CPU share (in threads unless processes)
@@ -252,8 +246,6 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
         ("jpeg nvjpeg loader, default options (cpu share and processes picked from the CPUs)",
          lambda: Tweaked(default()), None),
-        ("jpeg nvjpeg loader, default options, steer counts every late read (before)",
-         lambda: Tweaked(every_wait(default())), None),
         ("jpeg nvjpeg loader, default options, spans walked by shard, JPEGs copied, planes transposed (session 6)",
          lambda: CopiedIn(default), None),
         ("jpeg nvjpeg loader, default options, max_inflight_batches=2, read as in (session 6)",

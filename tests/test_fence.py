@@ -61,11 +61,6 @@ class FakeRecorded:
         pass
 
 
-class DoneEvent:
-    def query(self):            # the GPU has run the work before it (a late read counts in full)
-        return True
-
-
 def test_max_inflight_batches_waits_on_the_batch_before_last_and_keeps_every_sample(raw_cache, monkeypatch):
     """A bounded lead (fence.py): before batch k is handed out the loader waits for the GPU work launched
     up to batch k-1's next() (limit 2); on the CPU the same loader hands out the same samples."""
@@ -73,7 +68,7 @@ def test_max_inflight_batches_waits_on_the_batch_before_last_and_keeps_every_sam
 
     log = []
 
-    class FakeEvent(DoneEvent):
+    class FakeEvent:
         made = 0
 
         def __init__(self):
@@ -117,7 +112,7 @@ def test_the_lead_is_bounded_at_three_batches_by_default_and_the_engine_lifts_it
 
     made = []
 
-    class FakeEvent(DoneEvent):
+    class FakeEvent:
         def __init__(self):
             made.append(self)
 
@@ -153,7 +148,7 @@ def test_the_wait_for_the_gpu_is_counted_apart_from_data_wait(raw_cache, monkeyp
     monkeypatch.setattr(fence, "time", fake_time)
     monkeypatch.setattr(script, "time", fake_time)
 
-    class SlowGpu(DoneEvent):  # each wait for an event takes 2 s of the fake clock
+    class SlowGpu:             # each wait for an event takes 2 s of the fake clock
         def record(self):
             pass
 

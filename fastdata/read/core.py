@@ -235,23 +235,12 @@ class Loader:
 
     def _wait(self, fut, batch_no: int):
         t0 = None if fut.done() else time.perf_counter()
-        idle = None if t0 is None else self._fence.gpu_idle()
         try:
             out = fut.result()
-            self.backend.waited(0.0 if t0 is None else self._gpu_lost(time.perf_counter() - t0, idle))
+            self.backend.waited(0.0 if t0 is None else time.perf_counter() - t0)
             return out
         except (CacheFormatError, LoaderError):   # they name the file and the fix already
             raise
         except Exception as e:  # a reader thread died: say which batch and why
             raise LoaderError(f"{self.backend.where}: reader failed on batch {batch_no} of epoch "
                               f"{self.order.epoch}: {type(e).__name__}: {e}") from e
-
-    def _gpu_lost(self, seconds: float, idle_before: bool | None) -> float:
-        """The part of a wait for a read that the GPU spent without work: all of it when the steps launched
-        so far had run before the wait began; none when they still run after it (the queued steps hid the
-        wait); half when they ran out during it. Unknown (off CUDA, no bound on the lead): all of it.
-        Why: the nvjpeg backend's share steer (share_steer.py) moves decoding to the GPU when reads are
-        late; a late read the GPU's backlog hid costs nothing, and moving work to the GPU costs steps."""
-        if idle_before is None or idle_before:
-            return seconds
-        return 0.0 if not self._fence.gpu_idle() else seconds / 2

@@ -31,7 +31,6 @@ class StepFence:
         self.limit, self.make_event = limit, make_event
         self.pending: deque = deque()
         self.waited = 0.0       # seconds spent in wait() for the GPU: backlog, not data wait
-        self.last = None        # the latest record()'s event: done once the GPU ran out of work launched before it
 
     def record(self) -> None:
         if self.make_event is None or self.limit <= 0:
@@ -41,20 +40,13 @@ class StepFence:
             return
         event.record()
         self.pending.append(event)
-        self.last = event
 
     def rebound(self, limit: int) -> int:
         """A new limit from the next record() on (the events pending under the old one are dropped);
         returns the old limit. waited keeps its total."""
         old, self.limit = self.limit, limit
         self.pending.clear()
-        self.last = None
         return old
-
-    def gpu_idle(self) -> bool | None:
-        """Whether the GPU has run all the work launched before the latest record(); None where that is
-        not known (off CUDA, no bound, nothing recorded since the bound changed)."""
-        return None if self.last is None else bool(self.last.query())
 
     def wait(self) -> None:
         if len(self.pending) < self.limit or self.limit <= 0:

@@ -37,8 +37,7 @@ class BaseBackend:
         """Batch k of the current pass was just handed to a reader."""
 
     def waited(self, seconds: float) -> None:
-        """The GPU sat this long without work while the training thread waited for the next batch's read
-        (0.0: the read was ready, or the steps already launched hid the wait; core.Loader._gpu_lost)."""
+        """The training thread waited this long for the next batch's read (0.0: it was ready)."""
 
     def close(self) -> None:
         pass

@@ -7,10 +7,9 @@ host-probe-resnet18-jpeg-*-2026-12-07-default-vs-engines.md). Beside a faster mo
 processes cannot keep up with holds the model to their rate (12 processes: ~18.5k img/s of 256 px
 images), while the GPU could decode the rest.
 
-How: the loader tells the backend, for each batch, how much of the training thread's wait for its
-read the GPU spent without work (core.Loader._gpu_lost; 0 when the read was ready, or when the steps
-already launched hid the wait; the whole wait where that is not known). Reads are the processes' work,
-so time lost means the share is too large for this model: the share falls in proportion to it. A window without waits means
+How: the loader tells the backend, for each batch, how long the training thread waited for its read
+(core.Loader._wait; 0 when it was ready). Reads are the processes' work, so a wait means the share is
+too large for this model: the share falls in proportion to the time lost. A window without waits means
 the processes keep up: the share rises a step. Batches already in flight when the share changed were
 split with the old one, so a decision waits for them to pass (`settle`). A share the user gave is
 never steered.
