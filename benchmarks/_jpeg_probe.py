@@ -122,6 +122,13 @@ class Tweaked:
     def __iter__(self):
         return iter(self.loader)
 
+    def stats(self) -> dict:
+        """Table columns (warm-up batches included): the mean wait for a read a batch, the batches that
+        waited at all, the CPU share now."""
+        waits = np.asarray(self.times["read wait"] or [0.0])
+        return {"read wait ms": float(waits.mean()), "late %": float(100 * (waits > 0).mean()),
+                "cpu share %": float(100 * self.loader.backend._share)}
+
     def close(self) -> None:
         sys.setswitchinterval(self.old)
         self.loader.close()

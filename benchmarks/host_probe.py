@@ -210,9 +210,14 @@ def raw_variants(fd, syn, bs: int) -> list:
     ]
 
 
+JPEG_COLS = ["read wait ms", "late %", "cpu share %"]      # _jpeg_probe.Tweaked.stats()
+JPEG_NOTE = ("; read wait ms / late %: the mean wait for a read a batch and the share of batches that waited "
+             "(warm-up included); cpu share %: the nvjpeg backend's CPU share at the row's end")
+
+
 def _write(a, bs: int, runs: dict[str, list[dict]], done: int) -> None:
     cols = ["variant", "img/s", "vs synthetic", "ms/step", "next() ms", "launch ms", "main cpu ms", "runq ms",
-            "preempted", "blocked", "others blocked", "graphs"]
+            "preempted", "blocked", "others blocked", "graphs"] + (JPEG_COLS if a.jpeg else [])
     flags = "".join([f" --rounds {a.rounds}" if a.rounds > 1 else "", " --jpeg" if a.jpeg else "",
                      f" --size {a.size}" if a.size != 224 else "",
                      f" --warmup {a.warmup}" if a.warmup != 15 else "", f" --only '{a.only}'" if a.only else ""])
@@ -221,7 +226,8 @@ def _write(a, bs: int, runs: dict[str, list[dict]], done: int) -> None:
           f"{cpu_model()}. {a.model}, batch {bs}, {a.size} px, bf16, compile default, plain loop; "
           f"{a.seconds:.0f} s per row, {done} of {a.rounds} round(s), variants alternating; medians. runq ms: the "
           f"main thread's time runnable but off a CPU a step; preempted / blocked: its involuntary / voluntary "
-          f"switches a step; others blocked: the other threads' voluntary switches a step. "
+          f"switches a step; others blocked: the other threads' voluntary switches a step"
+          f"{JPEG_NOTE if a.jpeg else ''}. "
           f"Rerun: `python benchmarks/host_probe.py --model {a.model}{flags}`.",
           Path(a.out) if a.out else None)
 
@@ -237,7 +243,8 @@ def run_variant(model, opt, make, images_of, fd, seconds: float, warmup: int = 1
             sys.setswitchinterval(old)
     data = make()
     try:
-        return loop(model, opt, forever(data) if hasattr(data, "close") else data, seconds, warmup, images_of)
+        out = loop(model, opt, forever(data) if hasattr(data, "close") else data, seconds, warmup, images_of)
+        return {**out, **data.stats()} if hasattr(data, "stats") else out
     finally:
         if hasattr(data, "close"):
             data.close()
