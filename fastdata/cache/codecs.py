@@ -61,9 +61,11 @@ def _to_rgb(img: Image.Image) -> Image.Image:
         peak = 65535 if arr.max(initial=0) > 255 else 255
         arr = np.clip(arr * 255 // peak, 0, 255).astype(np.uint8)
         return Image.fromarray(arr, "L").convert("RGB")
-    if img.mode == "F":
-        arr = np.asarray(img, dtype=np.float32)
-        return Image.fromarray(np.clip(arr * 255.0, 0, 255).astype(np.uint8), "L").convert("RGB")
+    if img.mode == "F":       # floats in [0, 1], else in 8- or 16-bit units (a float TIFF of 0..255 was all white)
+        arr = np.nan_to_num(np.asarray(img, dtype=np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+        top = float(arr.max(initial=0.0))
+        peak = next(p for p in (1.0, 255.0, 65535.0, top) if top <= p)
+        return Image.fromarray(np.rint(np.clip(arr * (255.0 / peak), 0, 255)).astype(np.uint8), "L").convert("RGB")
     if img.mode == "P":
         img = img.convert("RGBA")
     if img.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
