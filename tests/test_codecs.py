@@ -34,6 +34,13 @@ def test_wide_gray_images_keep_their_levels(name, array):
     assert (got[..., 0] == got[..., 2]).all()
 
 
+def test_ints_beyond_16_bits_are_scaled_by_the_images_own_top():
+    arr = GRAY.astype(np.int32) * 2 ** 20
+    arr[-1, -1] = 255 * 2 ** 20                    # the top level, in units of 2**20
+    got = np.asarray(open_rgb(_tiff(Image.fromarray(arr))))[..., 0].astype(int)
+    assert got[-1, -1] == 255 and np.abs(got - GRAY).ravel()[:-1].max() <= 1
+
+
 def test_a_float_image_that_is_not_finite_or_is_flat_still_decodes():
     arr = GRAY.astype(np.float32) / 255.0
     arr[0, 0], arr[0, 1] = np.nan, np.inf

@@ -58,7 +58,8 @@ def check_codec(cfg: CodecConfig) -> None:
 def _to_rgb(img: Image.Image) -> Image.Image:
     if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
         arr = np.asarray(img, dtype=np.int64)
-        peak = 65535 if arr.max(initial=0) > 255 else 255
+        top = int(arr.max(initial=0))
+        peak = next(p for p in (255, 65535, top) if top <= p)      # 8-, 16-bit units, else the image's own top
         arr = np.clip(arr * 255 // peak, 0, 255).astype(np.uint8)
         return Image.fromarray(arr, "L").convert("RGB")
     if img.mode == "F":       # floats in [0, 1], else in 8- or 16-bit units (a float TIFF of 0..255 was all white)
