@@ -13,7 +13,7 @@ from fastdata.read.augment import AugmentConfig, augment_batch
 from fastdata.read.dataset import CacheDataset
 from fastdata.errors import CacheFormatError, LoaderError
 
-from helpers import check_resume, epoch_indices
+from helpers import build, check_resume, epoch_indices
 
 
 def _reference(cache) -> dict[int, tuple[np.ndarray, int]]:
@@ -259,6 +259,24 @@ def test_resume_state_from_other_settings_is_refused(raw_cache):
     b = fastdata.loader(raw_cache, 8, device="cpu", seed=2)
     with pytest.raises(LoaderError, match="seed"):
         b.load_state_dict(a.state_dict())
+    with pytest.raises(LoaderError, match="shuffle"):
+        fastdata.loader(raw_cache, 8, device="cpu", seed=1, shuffle=False).load_state_dict(a.state_dict())
+
+
+def test_resume_state_saved_for_other_data_is_refused(raw_cache, image_folder, tmp_path):
+    """The order depends on the shard sizes: a state of another cache (same settings) would resume
+    another order silently. A state from before these keys were saved still loads."""
+    build(image_folder, tmp_path / "small", shard_size="200KB")
+    raw = fastdata.loader(raw_cache, 8, device="cpu", seed=1)
+    other = fastdata.loader(tmp_path / "small", 8, device="cpu", seed=1)
+    assert raw.backend.shard_counts != other.backend.shard_counts
+    with pytest.raises(LoaderError, match="samples in .* shards but this loader reads"):
+        other.load_state_dict(raw.state_dict())
+    old = raw.state_dict()
+    for k in ("samples", "shards", "shuffle"):
+        del old["order"][k]
+    raw.load_state_dict(old)
+    assert sum(1 for _ in raw) == len(raw)
 
 
 def test_batch_size_must_be_a_whole_number(raw_cache):

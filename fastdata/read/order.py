@@ -110,11 +110,20 @@ class SampleOrder:
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "seed": self.cfg.seed,
-                "world_size": self.cfg.world_size, "rank": self.cfg.rank, "window": self.cfg.window}
+                "world_size": self.cfg.world_size, "rank": self.cfg.rank, "window": self.cfg.window,
+                "shuffle": self.cfg.shuffle, "samples": sum(self.shard_counts), "shards": len(self.shard_counts)}
 
     def load_state_dict(self, state: dict) -> None:
-        for k in ("seed", "world_size", "rank", "window"):
-            if k == "window" and k not in state:   # saved before the window was recorded
+        """The order is a function of these settings and of the data's shard sizes: a state saved for other
+        data (a cache rebuilt from other inputs) would resume a different order, silently. Keys a state
+        saved by an earlier fastdata lacks are not checked."""
+        here = {"samples": sum(self.shard_counts), "shards": len(self.shard_counts)}
+        if any(k in state and state[k] != v for k, v in here.items()):
+            raise LoaderError(f"loader state was saved for {state.get('samples')} samples in {state.get('shards')} "
+                              f"shards but this loader reads {here['samples']} in {here['shards']}; resume with "
+                              f"the data the state was saved with, or start without load_state_dict")
+        for k in ("seed", "world_size", "rank", "window", "shuffle"):
+            if k in ("window", "shuffle") and k not in state:   # saved before these were recorded
                 continue
             if state.get(k) != getattr(self.cfg, k):
                 raise LoaderError(f"loader state was saved with {k}={state.get(k)} but this loader has "
