@@ -15,7 +15,7 @@ from fastdata.cli import main
 from fastdata.engine.checkpoint import load_checkpoint, save_checkpoint
 from fastdata.errors import CheckpointError
 
-from helpers import terminal_signals
+from helpers import build, terminal_signals
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,6 +75,41 @@ def test_resume_from_the_final_checkpoint_of_a_steps_run_trains_nothing(raw_cach
     before = (ck / "last.pt").read_bytes()
     assert main(_train(raw_cache, ck, "--steps", "6", "--resume", str(ck / "last.pt"))) == 0
     assert (ck / "last.pt").read_bytes() == before and "nothing to train" in capsys.readouterr().out
+
+
+def test_resume_takes_the_checkpoint_folder_and_a_state_for_other_data_is_refused(raw_cache, image_folder, tmp_path,
+                                                                                    capsys):
+    """--resume DIR (the folder a run saved into) means DIR/last.pt; a folder without one, and a checkpoint
+    whose loader state was saved for other data, are one-line errors (exit 2) that leave last.pt as it was."""
+    ck = tmp_path / "ck"
+    assert main(_train(raw_cache, ck, "--steps", "4")) == 0
+    before = (ck / "last.pt").read_bytes()
+    assert main(_train(raw_cache, tmp_path / "other", "--steps", "6", "--resume", str(ck))) == 0
+    assert _step(tmp_path / "other" / "last.pt") == 6
+    (tmp_path / "empty").mkdir()
+    assert main(_train(raw_cache, tmp_path / "x", "--steps", "6", "--resume", str(tmp_path / "empty"))) == 2
+    assert "a folder without last.pt" in capsys.readouterr().err
+    build(image_folder, tmp_path / "small", shard_size="200KB")
+    assert main(_train(tmp_path / "small", ck, "--steps", "6")) == 2
+    assert "samples in" in capsys.readouterr().err and (ck / "last.pt").read_bytes() == before
+
+
+def test_a_checkpoint_of_another_model_or_optimizer_is_a_one_line_error(raw_cache, image_folder, tmp_path, capsys):
+    """Resuming with data of fewer classes (another head) or another optimizer raised torch's multi-line
+    traceback (exit 1); now one line naming the first mismatch, exit 2, last.pt untouched."""
+    ck = tmp_path / "ck"
+    assert main(_train(raw_cache, ck, "--steps", "2")) == 0
+    before = (ck / "last.pt").read_bytes()
+    two = tmp_path / "two"
+    for c in ("c0", "c1"):
+        (two / c).mkdir(parents=True)
+        for p in sorted((image_folder / sorted(os.listdir(image_folder))[0]).iterdir())[:4]:
+            (two / c / p.name).write_bytes(p.read_bytes())
+    assert main(_train(two, ck, "--steps", "4")) == 2
+    err = capsys.readouterr().err
+    assert "its model does not fit this run (size mismatch for" in err and len(err.strip().splitlines()) == 1
+    assert main(_train(raw_cache, ck, "--steps", "4", "--optimizer", "adamw")) == 2
+    assert "its optimizer state does not fit" in capsys.readouterr().err and (ck / "last.pt").read_bytes() == before
 
 
 def test_same_seed_same_run(raw_cache, tmp_path):

@@ -111,6 +111,11 @@ def ensure_writable(folder: Path) -> None:
 
 def load_checkpoint(path: str | Path, map_location="cpu", *, trust: bool = False) -> dict:
     path = Path(path)
+    if path.is_dir():       # the --ckpt-dir a run saved into: its last.pt
+        if not (path / "last.pt").is_file():
+            raise CheckpointError(f"{path}: a folder without last.pt; give a checkpoint file, or the --ckpt-dir "
+                                  f"a run saved into")
+        path = path / "last.pt"
     if not path.is_file():
         raise CheckpointError(f"{path}: no checkpoint there; check --resume, or start without it")
     try:
@@ -124,3 +129,16 @@ def load_checkpoint(path: str | Path, map_location="cpu", *, trust: bool = False
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same clear message
         raise CheckpointError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e}); it is damaged or not "
                               f"a fastdata checkpoint; resume from an earlier one") from e
+
+
+def load_into(target, state, what: str, path) -> None:
+    """target.load_state_dict(state), a mismatch named in one line: a checkpoint of another model, or of
+    data with another number of classes (torch's error is a multi-line traceback)."""
+    try:
+        target.load_state_dict(state)
+    except (RuntimeError, ValueError, KeyError) as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        detail = lines[1] if len(lines) > 1 else f"{type(e).__name__}: {e}"
+        raise CheckpointError(f"{path}: its {what} does not fit this run ({detail[:200]}); "
+                              f"resume with the same --model, data classes and optimizer, or start afresh with "
+                              f"another --ckpt-dir") from None

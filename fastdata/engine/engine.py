@@ -335,8 +335,8 @@ class Engine:
         """Restore model, optimizer, scaler, step, loader position and RNG state from path.
         trust=True unpickles a checkpoint of an earlier fastdata (only for files you trust)."""
         state = ckpt.load_checkpoint(path, map_location=self.device, trust=trust)
-        unwrap(self.model).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        ckpt.load_into(unwrap(self.model), state["model"], "model", path)
+        ckpt.load_into(self.optimizer, state["optimizer"], "optimizer state", path)
         self.scaler.load_state_dict(state["scaler"])
         self.global_step, self.epoch = state["step"], state["epoch"]
         if loader is not None and state["loader"] is not None:

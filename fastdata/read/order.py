@@ -121,7 +121,7 @@ class SampleOrder:
         if any(k in state and state[k] != v for k, v in here.items()):
             raise LoaderError(f"loader state was saved for {state.get('samples')} samples in {state.get('shards')} "
                               f"shards but this loader reads {here['samples']} in {here['shards']}; resume with "
-                              f"the data the state was saved with, or start without load_state_dict")
+                              f"the data the state was saved with, or start afresh (another --ckpt-dir; no load_state_dict)")
         for k in ("seed", "world_size", "rank", "window", "shuffle"):
             if k in ("window", "shuffle") and k not in state:   # saved before these were recorded
                 continue
