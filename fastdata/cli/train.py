@@ -54,7 +54,8 @@ def add_cli(sub, commands: dict) -> None:
                    help="save DIR/last.pt here (every --ckpt-every steps, at the end, and on Ctrl-C); a rerun resumes from it")
     p.add_argument("--ckpt-every", type=int, default=0,
                    help="optimizer steps between checkpoints (0: only at the end)")
-    p.add_argument("--resume", default=None, help="checkpoint to continue from (default: CKPT_DIR/last.pt if any)")
+    p.add_argument("--resume", default=None, help="checkpoint to continue from: a file, or the --ckpt-dir a run "
+                   "saved into (default: CKPT_DIR/last.pt if any)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="open a checkpoint of an earlier fastdata with full unpickling, which can run code "
                         "from the file: only for checkpoints you trust")
