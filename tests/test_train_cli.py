@@ -382,3 +382,11 @@ def test_a_signal_the_launcher_ignored_stays_ignored_while_training():
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+@pytest.mark.parametrize("flag", ["--steps", "--epochs"])
+def test_a_negative_total_is_refused_not_taken_as_nothing_to_train(raw_cache, tmp_path, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(_train(raw_cache, tmp_path / "ck", flag, "-1"))
+    assert e.value.code == 2 and "give 0 or more" in capsys.readouterr().err
+    assert not (tmp_path / "ck").exists()

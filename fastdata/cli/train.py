@@ -24,9 +24,9 @@ def add_cli(sub, commands: dict) -> None:
     p.add_argument("--batch-size", default="256", help="an integer or 'auto'")
     p.add_argument("--image-size", type=int, default=224,
                    help="training crop size in pixels")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=_count, default=None,
                    help="stop when the run reaches this many optimizer steps in total")
-    p.add_argument("--epochs", type=int, default=None,
+    p.add_argument("--epochs", type=_count, default=None,
                    help="epochs in total (a resumed run trains only the rest); default 1, or as many as "
                         "--steps needs when --steps is given")
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32", "tf32"),
@@ -65,6 +65,19 @@ def add_cli(sub, commands: dict) -> None:
                    help="seeds Python, NumPy and torch before the model is built, and the data order")
     p.add_argument("--json", default=None, help="write the report here")
     commands["train"] = run_train
+
+
+def _count(text: str) -> int:
+    """--steps / --epochs: a total, 0 or more (a negative one trained nothing and said so, exit 0)."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number, 0 or more") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n}: give 0 or more (a total for the run, counted from its start)")
+    return n
 
 
 def _config(a):
