@@ -108,12 +108,17 @@ def test_a_command_that_is_not_python_is_a_clear_error(capsys):
 
 
 def test_a_script_that_trains_nothing_gets_no_verdict(tmp_path, capsys):
-    """It used to be called compute-bound from zero steps and zero batches."""
+    """It used to be called compute-bound from zero steps and zero batches. One that fails before its first
+    batch is told to fix its own error (it was told to give a command that trains)."""
     script = tmp_path / "quits.py"
+    script.write_text("import torch\n")
+    assert main(["doctor", "--", sys.executable, str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "(exit 0) took no batch from a DataLoader and made no optimizer step" in err and "verdict" not in err
     script.write_text("import torch\nraise SystemExit(3)\n")
     assert main(["doctor", "--", sys.executable, str(script)]) == 2
     err = capsys.readouterr().err
-    assert "(exit 3) took no batch from a DataLoader and made no optimizer step" in err and "verdict" not in err
+    assert "failed (exit 3) before its first batch; fix the error it printed" in err and "verdict" not in err
 
 
 def test_another_interpreter_is_named_when_the_doctor_cannot_attach(tmp_path):

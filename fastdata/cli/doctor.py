@@ -62,6 +62,9 @@ def _wrapped(a):
                                 f"python train.py ...`")
         m = read_report(path)
     if not m.get("steps") and not m.get("batches"):
+        if rc not in (0, None, -signal.SIGTERM):     # it failed before training: its own error says why
+            raise FastdataError(f"`{' '.join(a.command)}` failed (exit {rc}) before its first batch; fix the error "
+                                f"it printed above, check that it runs alone, then rerun fastdata doctor")
         raise FastdataError(f"`{' '.join(a.command)}` (exit {rc}) took no batch from a DataLoader and made no "
                             f"optimizer step, so there is nothing to diagnose; give the command that trains "
                             f"(its loop iterates a DataLoader or calls optimizer.step())")
