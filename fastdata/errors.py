@@ -30,6 +30,14 @@ class LoaderError(FastdataError):
     """A loader could not deliver batches (bad argument, worker died, cache changed)."""
 
 
+class EmptyEpochError(LoaderError):
+    """drop_last with fewer samples per rank than one batch: every epoch would be empty."""
+
+    def __init__(self, message: str, samples: int) -> None:
+        super().__init__(message)
+        self.samples = samples      # per rank
+
+
 class DependencyError(FastdataError):
     """An optional dependency is missing; the message names the extra to install."""
 

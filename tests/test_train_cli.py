@@ -390,3 +390,25 @@ def test_a_negative_total_is_refused_not_taken_as_nothing_to_train(raw_cache, tm
         main(_train(raw_cache, tmp_path / "ck", flag, "-1"))
     assert e.value.code == 2 and "give 0 or more" in capsys.readouterr().err
     assert not (tmp_path / "ck").exists()
+
+
+def test_training_batches_are_full_so_batchnorm_never_sees_one_sample(image_folder, tmp_path):
+    """9 samples at batch 8 ended each epoch with a 1-sample batch, and BatchNorm raised "Expected more than
+    1 value per channel" (a traceback, exit 1). The run's loader drops the short batch; where one batch is
+    more than the data, the epoch is that one short batch (auto: a batch of all of it)."""
+    from fastdata.cli.assemble import RunConfig, assemble
+    from fastdata.engine.config import EngineConfig
+
+    src = tmp_path / "nine"
+    photos = sorted(image_folder.rglob("*.jpg"))[:9]
+    for k, p in enumerate(photos):
+        (src / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"c{k % 2}" / p.name).write_bytes(p.read_bytes())
+    build(src, tmp_path / "c", size=32)
+    assert main(["train", "--data", str(tmp_path / "c"), "--model", "resnet18", "--batch-size", "8",
+                 "--image-size", "32", "--precision", "fp32", "--epochs", "2", "--no-channels-last"]) == 0
+    engine = EngineConfig(precision="fp32", channels_last=False)
+    run = assemble(RunConfig(data=str(tmp_path / "c"), model="smallnet", batch_size=8, image_size=32, engine=engine))
+    assert [len(b.labels) for b in run.loader] == [8]
+    run = assemble(RunConfig(data=str(tmp_path / "c"), model="smallnet", batch_size=16, image_size=32, engine=engine))
+    assert [len(b.labels) for b in run.loader] == [9] and run.batch_size == 16

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 from ..engine.config import EngineConfig
-from ..errors import FastdataError
+from ..errors import EmptyEpochError, FastdataError
 
 log = logging.getLogger("fastdata.engine")
 
@@ -42,15 +42,17 @@ class Run:
     batch_curve: list | None
 
 
-def build_loader(run: RunConfig, batch_size: int, device, rank: int, world_size: int):
-    """fastdata.loader for the run: its batches arrive on `device` in the engine's dtype."""
+def build_loader(run: RunConfig, batch_size: int, device, rank: int, world_size: int, drop_last: bool = True):
+    """fastdata.loader for the run: its batches arrive on `device` in the engine's dtype. drop_last: every
+    batch full, as training wants (one shape for torch.compile and CUDA graphs; BatchNorm cannot train on
+    the 1-sample batch a 9-sample epoch of batch 8 ended with, and `fastdata train` died of it)."""
     from ..read.augment import AugmentConfig
     from ..read.verbs import loader
 
     aug = AugmentConfig(size=run.image_size, dtype=run.engine.batch_dtype, kernel=run.kernel,
                         channels_last=run.engine.channels_last)
     return loader(run.data, batch_size, backend=run.backend, seed=run.seed, device=str(device), augment=aug,
-                  rank=rank, world_size=world_size, allow_empty_classes=run.allow_empty_classes,
+                  rank=rank, world_size=world_size, allow_empty_classes=run.allow_empty_classes, drop_last=drop_last,
                   **dict(run.loader_options))
 
 
@@ -72,11 +74,12 @@ def assemble(run: RunConfig) -> Run:
         bs, curve = auto_batch(engine, run.image_size, classes)
     else:
         bs, curve = int(run.batch_size), None
-    loader = build_loader(run, bs, engine.device, rank(), world_size())
-    share = sum(loader.order.shard_counts) // loader.order.cfg.world_size if run.batch_size == "auto" else bs
-    if bs > share:   # the search ran on synthetic input; a batch past this rank's data is one short batch
-        log.info("auto batch size %d exceeds the %d samples an epoch gives this rank: using %d", bs, share, share)
-        loader.close()
-        bs = share
+    try:
         loader = build_loader(run, bs, engine.device, rank(), world_size())
+    except EmptyEpochError as e:    # fewer samples per rank than one batch
+        if run.batch_size == "auto":    # the search ran on synthetic input: a batch of all this rank's data
+            log.info("auto batch size %d exceeds the %d samples an epoch gives this rank: using %d", bs,
+                     e.samples, e.samples)
+            bs = e.samples
+        loader = build_loader(run, bs, engine.device, rank(), world_size(), drop_last=run.batch_size == "auto")
     return Run(engine, loader, bs, curve)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import LoaderError
+from ..errors import EmptyEpochError, LoaderError
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,9 @@ class SampleOrder:
         self.epoch, self.position = 0, 0
         per_rank = sum(self.shard_counts) // cfg.world_size
         if drop_last and 0 < per_rank < batch_size:
-            raise LoaderError(f"batch_size={batch_size} with drop_last leaves no batch of the {per_rank} samples "
-                              f"per rank: every epoch would be empty; lower the batch size or set drop_last=False")
+            raise EmptyEpochError(f"batch_size={batch_size} with drop_last leaves no batch of the {per_rank} "
+                                  f"samples per rank: every epoch would be empty; lower the batch size or set "
+                                  f"drop_last=False", per_rank)
 
     def batches_per_epoch(self) -> int:
         n = sum(self.shard_counts) // self.cfg.world_size
@@ -121,7 +122,8 @@ class SampleOrder:
         if any(k in state and state[k] != v for k, v in here.items()):
             raise LoaderError(f"loader state was saved for {state.get('samples')} samples in {state.get('shards')} "
                               f"shards but this loader reads {here['samples']} in {here['shards']}; resume with "
-                              f"the data the state was saved with, or start afresh (another --ckpt-dir; no load_state_dict)")
+                              f"the data the state was saved with, or start afresh (another --ckpt-dir; no "
+                              f"load_state_dict)")
         for k in ("seed", "world_size", "rank", "window", "shuffle"):
             if k in ("window", "shuffle") and k not in state:   # saved before these were recorded
                 continue

@@ -171,7 +171,11 @@ def loader(data, batch_size: int, *, backend: str = "auto", device: str = "auto"
                        max_inflight_batches=max_inflight_batches,
                        options=split_options(name, options)).check()
     chosen = _make_backend(data, cfg, dev, LEGACY.get(backend, backend))
-    return Loader(chosen, chosen.cfg)     # (the backend's cfg: a folder DALI cannot read goes to pil)
+    try:
+        return Loader(chosen, chosen.cfg)     # (the backend's cfg: a folder DALI cannot read goes to pil)
+    except Exception:
+        chosen.close()                        # (a decode pool or DALI pipeline the backend started)
+        raise
 
 
 def decode_loader(path, batch_size: int, *, backend: str = "auto", image_size: int = 224, seed: int = 0,
