@@ -17,7 +17,7 @@ from fastdata.cache.merge import merge_caches
 from fastdata.cache.stage import stage_cache, unstage
 from fastdata.cache.verify import verify_cache
 from fastdata.read.dataset import CacheDataset
-from fastdata.errors import BuildError, CacheFormatError, SourceError
+from fastdata.errors import BuildError, CacheFormatError, FastdataError, SourceError
 from fastdata.sample import make_corrupt_zoo
 
 from helpers import build, kill_build_after
@@ -200,6 +200,29 @@ def test_stage_copies_and_falls_back(raw_cache, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(stage.shutil, "disk_usage", lambda p: type("U", (), {"free": 10})())
     assert stage_cache(raw_cache, target) == raw_cache
     assert "not staging" in caplog.text
+
+
+def test_unstage_leaves_a_file_someone_else_put_in_the_staged_copy(raw_cache, tmp_path, capsys):
+    """`stage --remove` deleted the whole folder (rmtree), a user's file in it too; now only what staging
+    wrote goes, the user's file stays and is named, and a re-stage over it is refused before copying."""
+    from fastdata.cli import main
+
+    target = tmp_path / "shm" / "c"
+    assert stage_cache(raw_cache, target) == target
+    (target / "notes.txt").write_text("mine")
+    (target / "runs").mkdir()
+    assert main(["stage", "--remove", str(target)]) == 0
+    assert "left the 2 file(s) fastdata did not put there: notes.txt, runs" in capsys.readouterr().out
+    assert sorted(p.name for p in target.iterdir()) == ["notes.txt", "runs"]
+    with pytest.raises(FastdataError, match="exists and was not staged"):
+        stage_cache(raw_cache, target)               # (the marker went: it is the user's folder now)
+    other = tmp_path / "shm" / "d"
+    assert stage_cache(raw_cache, other) == other
+    (other / "notes.txt").write_text("mine")
+    import fastdata.cache.stage as stage
+    with pytest.raises(FastdataError, match=r"holds files fastdata did not stage there \(notes.txt\)"):
+        stage._copy(raw_cache, other, load_manifest(raw_cache))     # a re-stage (the cache changed) over it
+    assert (other / "notes.txt").read_text() == "mine" and (other / "manifest.json").exists()
 
 
 def test_a_stage_that_runs_out_of_room_midway_frees_its_copy_and_falls_back(raw_cache, tmp_path, monkeypatch,

@@ -85,9 +85,13 @@ def _copy(cache: Path, target: Path, m) -> Path:
         return cache
     if target.exists() and not (target / MARKER).exists():
         raise FastdataError(f"{target} exists and was not staged by fastdata; choose a new folder to stage into")
+    foreign = _foreign(target, m) if target.exists() else []
+    if foreign:     # a re-stage would replace the folder: refused before the copy, not after it
+        raise FastdataError(f"{target} holds files fastdata did not stage there ({', '.join(foreign[:3])}); move "
+                            f"them out, or choose a new folder to stage into")
     tmp = target.with_name(target.name + ".staging")
-    if tmp.exists():
-        unstage(tmp)   # a copy a killed run left behind (it carries the marker); anything else is refused
+    if tmp.exists() and unstage(tmp, m):   # a copy a killed run left behind (it carries the marker)
+        raise FastdataError(f"{tmp} holds files fastdata did not stage there; move them out and stage again")
     try:
         tmp.mkdir()
         (tmp / MARKER).write_text(str(cache.resolve()))   # first, so a half copy is known to be ours
@@ -96,7 +100,7 @@ def _copy(cache: Path, target: Path, m) -> Path:
         shutil.copyfile(cache / MANIFEST, tmp / MANIFEST)
     except OSError as e:   # the mount filled up meanwhile (another job): free it, read the cache instead
         if (tmp / MARKER).exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            unstage(tmp, m)
         log.warning("not staging %s to %s: %s; the partial copy was removed; reading from %s instead",
                     cache, target, e.strerror or e, cache)
         return cache
@@ -107,9 +111,36 @@ def _copy(cache: Path, target: Path, m) -> Path:
     return target
 
 
-def unstage(target: str | Path) -> None:
-    """Remove a staged copy; refuses folders that fastdata did not stage."""
+def unstage(target: str | Path, manifest=None) -> list[str]:
+    """Remove a staged copy: the files staging wrote (its marker, the manifest and the shards it names;
+    `manifest`: the cache's, for a half copy that has none yet), then the folder if nothing else is in it.
+    Refuses a folder fastdata did not stage. A file someone else put in the copy stays (fastdata never
+    deletes a file it did not write: `rmtree` did), and its name is returned; the marker goes anyway, so
+    the folder is no longer taken for a staged copy."""
     target = Path(target)
     if not (target / MARKER).exists():
         raise FastdataError(f"{target} was not staged by fastdata (no {MARKER}); not deleting it")
-    shutil.rmtree(target)
+    left = _foreign(target, manifest)
+    for e in os.scandir(target):
+        if e.name not in left and e.name != MARKER:
+            os.unlink(e.path)
+    (target / MARKER).unlink()
+    if not left:
+        target.rmdir()
+    return sorted(left)
+
+
+def _foreign(target: Path, manifest=None) -> list[str]:
+    """Names in a staged folder that staging did not write: not its marker, manifest, or a shard file
+    named by its manifest or by `manifest` (the cache's)."""
+    ours = {MARKER, MANIFEST}
+    for m in (manifest, _manifest_or_none(target)):
+        ours |= {s.name for s in m.shards} if m is not None else set()
+    return sorted(e.name for e in os.scandir(target) if e.name not in ours or not e.is_file(follow_symlinks=False))
+
+
+def _manifest_or_none(folder: Path):
+    try:
+        return load_manifest(folder)
+    except Exception:  # noqa: BLE001 - a half copy has no manifest yet: only the given one names its shards
+        return None

@@ -154,8 +154,9 @@ def _cmd_stage(a) -> int:
     from ..cache.stage import stage_cache, unstage
 
     if a.remove and len(a.paths) == 1:
-        unstage(a.paths[0])
-        print(f"removed {a.paths[0]}")
+        left = unstage(a.paths[0])
+        print(f"removed {a.paths[0]}" if not left else f"removed the staged copy in {a.paths[0]}; left the "
+              f"{len(left)} file(s) fastdata did not put there: {', '.join(left[:5])}")
     elif not a.remove and len(a.paths) == 2:
         print(stage_cache(*a.paths))
     else:
