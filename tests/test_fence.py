@@ -12,15 +12,17 @@ from fastdata.read.augment import AugmentConfig
 from helpers import epoch_indices
 
 
-def test_step_fence_waits_on_the_oldest_step_once_the_limit_is_reached():
-    from fastdata.read.fence import StepFence
-
-    log, made = [], []
+def fake_event_class(log: list | None = None) -> type:
+    """torch.cuda.Event's stand-in on this CPU box: instances are numbered as made (the class's `made`
+    lists them); record() and synchronize() are appended to log as ("record", n) and ("sync", n)."""
+    log = [] if log is None else log
 
     class FakeEvent:
+        made: list = []
+
         def __init__(self):
-            self.n = len(made)
-            made.append(self)
+            self.n = len(FakeEvent.made)
+            FakeEvent.made.append(self)
 
         def record(self):
             log.append(("record", self.n))
@@ -28,7 +30,14 @@ def test_step_fence_waits_on_the_oldest_step_once_the_limit_is_reached():
         def synchronize(self):
             log.append(("sync", self.n))
 
-    fence = StepFence(2, FakeEvent)
+    return FakeEvent
+
+
+def test_step_fence_waits_on_the_oldest_step_once_the_limit_is_reached():
+    from fastdata.read.fence import StepFence
+
+    log = []
+    fence = StepFence(2, fake_event_class(log))
     for _ in range(4):
         fence.wait()
         fence.record()
@@ -44,8 +53,8 @@ def test_no_event_is_recorded_while_a_cuda_graph_is_captured(monkeypatch):
     """Recording into a stream under capture fails the capture: the fence skips those batches."""
     from fastdata.read.fence import StepFence, cuda_event_factory
 
-    made = []
-    monkeypatch.setattr(torch.cuda, "Event", lambda blocking=False: made.append(blocking) or FakeRecorded())
+    made, event = [], fake_event_class()
+    monkeypatch.setattr(torch.cuda, "Event", lambda blocking=False: made.append(blocking) or event())
     capturing = [True]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     fence = StepFence(1, cuda_event_factory(torch.device("cuda", 0), blocking=True))
@@ -56,30 +65,13 @@ def test_no_event_is_recorded_while_a_cuda_graph_is_captured(monkeypatch):
     assert made == [True] and len(fence.pending) == 1
 
 
-class FakeRecorded:
-    def record(self):
-        pass
-
-
 def test_max_inflight_batches_waits_on_the_batch_before_last_and_keeps_every_sample(raw_cache, monkeypatch):
     """A bounded lead (fence.py): before batch k is handed out the loader waits for the GPU work launched
     up to batch k-1's next() (limit 2); on the CPU the same loader hands out the same samples."""
     from fastdata.read import core
 
     log = []
-
-    class FakeEvent:
-        made = 0
-
-        def __init__(self):
-            self.n, FakeEvent.made = FakeEvent.made, FakeEvent.made + 1
-
-        def record(self):
-            log.append(("record", self.n))
-
-        def synchronize(self):
-            log.append(("sync", self.n))
-
+    FakeEvent = fake_event_class(log)
     plain = [x.tolist() for x in epoch_indices(fastdata.loader(raw_cache, 16, device="cpu", seed=3))]
     monkeypatch.setattr(core, "cuda_event_factory", lambda device, blocking: FakeEvent)
     dl = fastdata.loader(raw_cache, 16, device="cpu", seed=3, max_inflight_batches=2)
@@ -110,18 +102,8 @@ def test_the_lead_is_bounded_at_three_batches_by_default_and_the_engine_lifts_it
     from fastdata.read import core
     from test_engine import tiny_net
 
-    made = []
-
-    class FakeEvent:
-        def __init__(self):
-            made.append(self)
-
-        def record(self):
-            pass
-
-        def synchronize(self):
-            pass
-
+    FakeEvent = fake_event_class()
+    made = FakeEvent.made
     monkeypatch.setattr(core, "cuda_event_factory", lambda device, blocking: FakeEvent)
     dl = fastdata.loader(raw_cache, 16, device="cpu", augment=AugmentConfig(size=32, train=False))
     assert dl.cfg.max_inflight_batches == 3 and dl._fence.limit == 3
