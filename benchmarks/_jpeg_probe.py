@@ -232,7 +232,8 @@ def lead_variants(syn, default, gpu_only) -> list:
         ("synthetic bf16 batch, 2 batches in flight, GIL sampled",
          lambda: GilSampled(Fenced(forever(syn), 2), "synthetic, 2 in flight"), None),
         ("jpeg nvjpeg loader, default options, GIL sampled", lambda: GilSampled(Tweaked(default()), "default"), None),
-        *[(f"jpeg nvjpeg loader, default options, max_inflight_batches={k}" + (" (unbounded: before)" * (k == 0)),
+        *[(f"jpeg nvjpeg loader, default options, max_inflight_batches={k}"
+           + {0: " (unbounded: before)", 3: " (= default since 2026-12-07)"}.get(k, ""),
            lambda k=k: Tweaked(default(max_inflight_batches=k)), None) for k in (0, 1, 2, 3)],
         ("jpeg nvjpeg loader, default options, max_inflight_batches=2, GIL sampled",
          lambda: GilSampled(Tweaked(default(max_inflight_batches=2)), "default, 2 in flight"), None),

@@ -206,7 +206,8 @@ def raw_variants(fd, syn, bs: int) -> list:
         ("loader triton, 8 threads, max_inflight_batches=0 (unbounded: before)",
          lambda: fd(max_inflight_batches=0), None),
         ("loader triton, 8 threads, max_inflight_batches=2", lambda: fd(max_inflight_batches=2), None),
-        ("loader triton, 8 threads, max_inflight_batches=3", lambda: fd(max_inflight_batches=3), None),
+        ("loader triton, 8 threads, max_inflight_batches=3 (= default since 2026-12-07)",
+         lambda: fd(max_inflight_batches=3), None),
     ]
 
 
