@@ -49,6 +49,8 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.batch_size < 1 or a.iters < 1:
+        ap.error(f"--batch-size {a.batch_size} --iters {a.iters}: give 1 or more for both")
     try:
         import nvidia.dali  # noqa: F401
     except ImportError:
