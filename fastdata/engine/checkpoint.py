@@ -131,6 +131,39 @@ def load_checkpoint(path: str | Path, map_location="cpu", *, trust: bool = False
                               f"a fastdata checkpoint; resume from an earlier one") from e
 
 
+def _misfit(what: str, path, detail: str) -> CheckpointError:
+    return CheckpointError(f"{path}: its {what} does not fit this run ({detail[:200]}); resume with the same "
+                           f"--model, data classes and optimizer, or start afresh with another --ckpt-dir")
+
+
+def check_model_fits(model: torch.nn.Module, state: dict, path) -> None:
+    """Raise before anything is loaded where model.load_state_dict(state) would fail: torch copies the
+    tensors that fit as it goes, so a late mismatch left a model half restored."""
+    mine = model.state_dict()
+    missing = [k for k in mine if k not in state]
+    unexpected = [k for k in state if k not in mine]
+    if missing or unexpected:
+        detail = f"missing key {missing[0]!r}" if missing else f"unexpected key {unexpected[0]!r}"
+        more = len(missing) + len(unexpected) - 1
+        raise _misfit("model", path, detail + (f" and {more} more" if more else ""))
+    for k, v in mine.items():
+        theirs = state[k]
+        if isinstance(v, torch.Tensor) and isinstance(theirs, torch.Tensor) and theirs.shape != v.shape:
+            raise _misfit("model", path, f"size mismatch for {k}: checkpoint {tuple(theirs.shape)}, "
+                                         f"this run {tuple(v.shape)}")
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, state: dict, path) -> None:
+    """optimizer.load_state_dict(state), or, where torch refuses it, the optimizer as it was: torch swaps
+    the state in before an optimizer's __setstate__ can fail on it (AdamW over SGD's state: KeyError 'step')."""
+    before = optimizer.state_dict()     # references, not copies: a failed load makes new tensors
+    try:
+        load_into(optimizer, state, "optimizer state", path)
+    except CheckpointError:
+        optimizer.load_state_dict(before)
+        raise
+
+
 def load_into(target, state, what: str, path) -> None:
     """target.load_state_dict(state), a mismatch named in one line: a checkpoint of another model, or of
     data with another number of classes (torch's error is a multi-line traceback)."""
@@ -138,7 +171,4 @@ def load_into(target, state, what: str, path) -> None:
         target.load_state_dict(state)
     except (RuntimeError, ValueError, KeyError) as e:
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        detail = lines[1] if len(lines) > 1 else f"{type(e).__name__}: {e}"
-        raise CheckpointError(f"{path}: its {what} does not fit this run ({detail[:200]}); "
-                              f"resume with the same --model, data classes and optimizer, or start afresh with "
-                              f"another --ckpt-dir") from None
+        raise _misfit(what, path, lines[1] if len(lines) > 1 else f"{type(e).__name__}: {e}") from None

@@ -335,8 +335,13 @@ class Engine:
         """Restore model, optimizer, scaler, step, loader position and RNG state from path.
         trust=True unpickles a checkpoint of an earlier fastdata (only for files you trust)."""
         state = ckpt.load_checkpoint(path, map_location=self.device, trust=trust)
+        # checked (model, loader) or undone (optimizer) before the rest loads: a refused resume leaves
+        # this engine as it was
+        ckpt.check_model_fits(unwrap(self.model), state["model"], path)
+        if loader is not None and state["loader"] is not None and hasattr(loader, "check_state"):
+            loader.check_state(state["loader"])
+        ckpt.load_optimizer(self.optimizer, state["optimizer"], path)
         ckpt.load_into(unwrap(self.model), state["model"], "model", path)
-        ckpt.load_into(self.optimizer, state["optimizer"], "optimizer state", path)
         self.scaler.load_state_dict(state["scaler"])
         self.global_step, self.epoch = state["step"], state["epoch"]
         if loader is not None and state["loader"] is not None:

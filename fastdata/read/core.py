@@ -88,11 +88,17 @@ class Loader:
         return {"version": STATE_VERSION, "backend": self.backend.kind, "order": self.order.state_dict(),
                 "coverage": self.coverage_audit.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def check_state(self, state: dict) -> None:
+        """Raise where load_state_dict(state) would be refused (a newer fastdata's state, or one saved for
+        other data or settings), changing nothing: Engine.load checks every part before loading any."""
         version = int(state.get("version", 1))
         if version > STATE_VERSION:
             raise LoaderError(f"loader state of version {version} was saved by a newer fastdata (this one reads "
                               f"up to {STATE_VERSION}); upgrade fastdata to resume this run")
+        self.order.check_state(state["order"])
+
+    def load_state_dict(self, state: dict) -> None:
+        self.check_state(state)
         self.order.load_state_dict(state["order"])
         self.coverage_audit.load_state_dict(state["coverage"])
         self._resume_pending = True

@@ -115,9 +115,14 @@ class SampleOrder:
                 "shuffle": self.cfg.shuffle, "samples": sum(self.shard_counts), "shards": len(self.shard_counts)}
 
     def load_state_dict(self, state: dict) -> None:
-        """The order is a function of these settings and of the data's shard sizes: a state saved for other
-        data (a cache rebuilt from other inputs) would resume a different order, silently. Keys a state
-        saved by an earlier fastdata lacks are not checked."""
+        self.check_state(state)
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    def check_state(self, state: dict) -> None:
+        """Raise where load_state_dict(state) would be refused, changing nothing. The order is a function of
+        these settings and of the data's shard sizes: a state saved for other data (a cache rebuilt from
+        other inputs) would resume a different order, silently. Keys a state saved by an earlier fastdata
+        lacks are not checked."""
         here = {"samples": sum(self.shard_counts), "shards": len(self.shard_counts)}
         if any(k in state and state[k] != v for k, v in here.items()):
             raise LoaderError(f"loader state was saved for {state.get('samples')} samples in {state.get('shards')} "
@@ -130,4 +135,3 @@ class SampleOrder:
             if state.get(k) != getattr(self.cfg, k):
                 raise LoaderError(f"loader state was saved with {k}={state.get(k)} but this loader has "
                                   f"{k}={getattr(self.cfg, k)}; resume with the same settings")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
