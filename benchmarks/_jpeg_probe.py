@@ -140,23 +140,6 @@ class Tweaked:
                                    for k, v in self.times.items() if v), flush=True)
 
 
-class StagedWhenRead(Tweaked):
-    """The loader as before 2026-12-08: the training thread waits for a batch's read when it stages it
-    (stage_ahead batches early), not when it is handed the batch (core.Loader._stage)."""
-
-    def __init__(self, loader) -> None:
-        from concurrent.futures import Future
-
-        backend, stage = loader.backend, loader.backend.stage
-
-        def stage_read(slot, out, n):   # the read's result, handed on as the done future stage() takes
-            done = Future()
-            done.set_result(out)
-            return stage(slot, done, n)
-        backend.stages_pending_reads, backend.stage = False, stage_read
-        super().__init__(loader)
-
-
 class Niced(Tweaked):
     """A loader made while decode_pool.DECODE_NICE is `nice` (read when its pool is made), restored after."""
 
@@ -271,8 +254,6 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
         ("synthetic bf16 batch", lambda: __import__("models").forever(syn), None),
         ("jpeg nvjpeg loader, default options (cpu share and processes picked from the CPUs)",
          lambda: Tweaked(default()), None),
-        ("jpeg nvjpeg loader, default options, reads waited for when staged (before 2026-12-08)",
-         lambda: StagedWhenRead(default()), None),
         ("jpeg nvjpeg loader, default options but prefetch=16 (8 threads)",
          lambda: Tweaked(default(prefetch=16)), None),
         ("jpeg nvjpeg loader, default options but threads=12 (prefetch 12)",

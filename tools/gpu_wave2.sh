@@ -68,12 +68,6 @@ stage_offcpu() {    # where the training thread sleeps: py-spy attached (native 
     for f in offcpu-synthetic offcpu-default; do $PY tools/offcpu_summary.py "$RES/$f.txt"; done
     $PY tools/pyspy_summary.py "$RES/gil-default.txt" | head -40
 }
-stage_pending() {   # reads waited for when due (the default since 2026-12-08) against when staged, and the nvjpeg tests
-    timeout ${PROBE_TIMEOUT:-300} $PY benchmarks/host_probe.py --model resnet18 --jpeg --per-class 300 --work /tmp/zoo \
-        --rounds ${PROBE_ROUNDS:-3} --seconds 5 --only 'default options (cpu|when staged' --out "$RES" 2>&1 | grep "^|"
-    timeout ${TESTS_TIMEOUT:-200} $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider 2>&1 \
-        | tee "$RES/gpu-tests-pending.txt" | tail -4
-}
 stage_ab() {        # the read pipeline against the old tree carried in .old (git archive OLD fastdata | tar -x -C .old)
     timeout ${AB_TIMEOUT:-540} $PY benchmarks/ab_read.py --old "$PWD/.old" --per-class ${AB_PER_CLASS:-400} \
         --seconds ${AB_SECONDS:-5} --rounds ${AB_ROUNDS:-1} --rows ${AB_ROWS:-all} --out "$RES" 2>&1 | grep -v "Warning\|warn(" | tail -30

@@ -196,8 +196,6 @@ class Loader:
                 self._stage(self._inflight[j], batch_no + j)
             self._fence.wait()            # after the reads and stages are under way
             ent = self._inflight.popleft()
-            if self.backend.stages_pending_reads:   # the one wait for this batch's read: it is due now
-                self._wait(ent["fut"], batch_no)
             images, labels = self.backend.finish(ent["staged"], ent["idx"])
             self._yielded(ent["idx"])
             yield Batch(images, labels, torch.from_numpy(ent["idx"]), self.source)
@@ -237,13 +235,7 @@ class Loader:
         self._inflight.append({"key": key, "idx": idx, "slot": slot, "fut": fut, "staged": None})
 
     def _stage(self, ent, batch_no: int) -> None:
-        """Start a batch's trip to the device. A backend that stages pending reads gets the read's future
-        (its GPU thread waits for it), so a late read of a batch ahead never holds up this one's hand-off:
-        the training thread waits only for the batch it is handed (in _read_ahead)."""
         if ent["staged"] is None:
-            if self.backend.stages_pending_reads:
-                ent["staged"] = self.backend.stage(ent["slot"], ent["fut"], len(ent["idx"]))
-                return
             out = self._wait(ent["fut"], batch_no)
             ent["staged"] = self.backend.stage(ent["slot"], out, len(ent["idx"]))
 

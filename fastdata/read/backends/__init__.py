@@ -6,10 +6,7 @@ SampleOrder, ``streamed``):
 
     ring(n), fresh_slot()  the slots reads write into (a pinned ring, reused once copied out)
     read(key, idx, slot)   reader thread: fetch (and for CPU decoders decode) the batch's samples
-    stage(slot, out, n)    main thread: start the batch's trip to the device, without a host wait; out is
-                           read()'s result, or, where ``stages_pending_reads``, the read's future (a
-                           thread of the backend waits for it: the training thread never waits for a
-                           read of a batch it does not need yet)
+    stage(slot, out, n)    main thread: start the batch's trip to the device, without a host wait
     finish(staged, idx)    main thread: (images, labels) ready on the training stream
     close()
 
@@ -22,7 +19,6 @@ from __future__ import annotations
 class BaseBackend:
     streamed = False
     stage_ahead = 1        # batches staged (copy or GPU decode in flight) beyond the one being trained on
-    stages_pending_reads = False   # stage() takes the read's future, not its result
 
     def attach(self, order) -> None:
         """The loader's SampleOrder, for backends that plan ahead themselves (DALI)."""

@@ -81,7 +81,6 @@ def mean_pixels(source: EncodedSource) -> float | None:
 class NvjpegBackend(BaseBackend):
     kind = "nvjpeg"
     stage_ahead = 2        # the GPU thread decodes two batches ahead, as the wave-1 DecodeLoader did
-    stages_pending_reads = True     # the GPU thread waits for a read; the training thread only for its batch's
 
     def __init__(self, source: EncodedSource, cfg, device: torch.device) -> None:
         try:
@@ -137,7 +136,7 @@ class NvjpegBackend(BaseBackend):
         ones for the decode processes (options.cpu_processes)."""
         if not (self.cfg.options.pinned or self._procs):
             return None
-        slots = [{"room": None, "ready": None, "shared": Slot(self.device.index) if self._procs else None}
+        slots = [{"room": None, "staged": None, "shared": Slot(self.device.index) if self._procs else None}
                  for _ in range(n)]
         self._slots += [s["shared"] for s in slots if s["shared"] is not None]
         return slots
@@ -146,9 +145,9 @@ class NvjpegBackend(BaseBackend):
     def _reuse(slot: dict | None) -> None:
         """Reader thread: wait until the batch that last used the slot has been decoded and cropped
         (the core reuses a slot only after that batch was finished, but its GPU work may still run)."""
-        ready = slot.pop("ready", None) if slot else None
-        if ready is not None:      # (none where that batch failed: it raised in the core)
-            ready.synchronize()
+        staged = slot.pop("staged", None) if slot else None
+        if staged is not None and staged.exception() is None:   # (a failed one raised in finish())
+            staged.result()[2].synchronize()
 
     def _pack(self, batch: EncodedBatch, slot: dict) -> EncodedBatch:
         """Reader thread: the batch's bytes in the slot's pinned room."""
@@ -253,11 +252,9 @@ class NvjpegBackend(BaseBackend):
                  for lo, hi in pack_spans([im.shape[1] * im.shape[2] for im in decoded])]
         return normalize(parts[0] if len(parts) == 1 else torch.cat(parts), aug, layout="NCHW")
 
-    def _prepare(self, read, slot):
-        """GPU thread, own stream: the finished batch and the event that marks it ready, once its read
-        (a future: stages_pending_reads) is done; a failed read raises here and, named, in the core.
-        The event goes in the slot only now, after the read (whose _reuse took the last one) is done."""
-        encoded, labels, flips, rng, idx, sizes, turns, cpu = read.result()
+    def _prepare(self, out):
+        """GPU thread, own stream: the finished batch and the event that marks it ready."""
+        encoded, labels, flips, rng, idx, sizes, turns, cpu = out
         lane = self._lane_state()
         with torch.cuda.stream(lane["stream"]):
             raw = decoded = self._decode(encoded, idx, sizes, lane) if len(encoded) else None
@@ -272,8 +269,6 @@ class NvjpegBackend(BaseBackend):
             labels = to_device(labels, self.device)     # pinned: no wait for this batch's decode
             ready = torch.cuda.Event()
             ready.record(lane["stream"])
-        if slot:
-            slot["ready"] = ready
         self._hold(lane["held"], ready, (raw, decoded, encoded))   # raw too: the turning copies read it on our stream
         return images, labels, ready
 
@@ -286,8 +281,11 @@ class NvjpegBackend(BaseBackend):
         while len(held) > self.stage_ahead + 1:
             held.popleft()[0].synchronize()
 
-    def stage(self, slot, read, _n):
-        return self._gpu.submit(self._prepare, read, slot)
+    def stage(self, slot, out, _n):
+        staged = self._gpu.submit(self._prepare, out)
+        if slot:
+            slot["staged"] = staged
+        return staged
 
     def finish(self, staged, _idx):
         images, labels, ready = staged.result()
