@@ -52,22 +52,6 @@ stage_convoy() {    # the GIL convoy on a GPU host: a wake-up's cost there, then
     $PY benchmarks/gil_convoy.py --rounds 2 --out "$RES" 2>&1 | grep "^|"
     PROBE_ARGS="--jpeg --per-class 300 --seconds 8 --warmup 60 --only picked" stage_pyspy
 }
-stage_offcpu() {    # where the training thread sleeps: py-spy attached (native stacks, idle samples too) to the
-                    # steady state of round 1's synthetic row, then of its default row, then that row's GIL holders
-    $PY -m pip install -q --no-index --no-deps --target /tmp/pyspy .pyspy/*.whl || return 1
-    local log="$RES/offcpu-probe-log.txt" spy=/tmp/pyspy/bin/py-spy
-    timeout ${PROBE_TIMEOUT:-300} $PY benchmarks/host_probe.py --model resnet18 --jpeg --per-class 300 --work /tmp/zoo \
-        --rounds 2 --seconds 26 --warmup 60 --only 'default options (cpu' --out "$RES" >"$log" 2>&1 &
-    local pid=$!
-    until grep -q "round 0 jpeg" "$log" || ! kill -0 $pid 2>/dev/null; do sleep 0.5; done
-    sleep 4; $spy record --pid $pid --native --idle --threads --format raw -r 67 -d 8 -o "$RES/offcpu-synthetic.txt" >/dev/null 2>&1
-    until grep -q "round 1 synthetic" "$log" || ! kill -0 $pid 2>/dev/null; do sleep 0.5; done
-    sleep 6; $spy record --pid $pid --native --idle --threads --format raw -r 67 -d 8 -o "$RES/offcpu-default.txt" >/dev/null 2>&1
-    $spy record --pid $pid --gil --threads --nonblocking --format raw -r 200 -d 8 -o "$RES/gil-default.txt" >/dev/null 2>&1
-    wait $pid; grep "^|" "$log" | tail -3
-    for f in offcpu-synthetic offcpu-default; do $PY tools/offcpu_summary.py "$RES/$f.txt"; done
-    $PY tools/pyspy_summary.py "$RES/gil-default.txt" | head -40
-}
 stage_ab() {        # the read pipeline against the old tree carried in .old (git archive OLD fastdata | tar -x -C .old)
     timeout ${AB_TIMEOUT:-540} $PY benchmarks/ab_read.py --old "$PWD/.old" --per-class ${AB_PER_CLASS:-400} \
         --seconds ${AB_SECONDS:-5} --rounds ${AB_ROUNDS:-1} --rows ${AB_ROWS:-all} --out "$RES" 2>&1 | grep -v "Warning\|warn(" | tail -30
