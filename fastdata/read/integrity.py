@@ -38,8 +38,9 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def _shard_damage(path: Path, sha256: str, open_shard) -> str | None:
-    """None when the file's sha256 matches; else a message naming the shard and damaged samples."""
+def _shard_damage(path: Path, sha256: str, open_shard, first: int = 0) -> str | None:
+    """None when the file's sha256 matches; else a message naming the shard and damaged samples, by
+    their index in the cache (the shard's holds `first` on), as `fastdata verify` names them."""
     if file_sha256(path) == sha256:
         return None
     try:
@@ -47,7 +48,7 @@ def _shard_damage(path: Path, sha256: str, open_shard) -> str | None:
         bad = [(j, shard.keys[j]) for j in shard.failing_crc()]
     except CacheFormatError as e:
         return str(e)
-    what = "damaged " + ", ".join(f"sample {j} ({k})" for j, k in bad[:5]) + (" ..." if len(bad) > 5 else "") \
+    what = "damaged " + ", ".join(f"sample {first + j} ({k})" for j, k in bad[:5]) + (" ..." if len(bad) > 5 else "") \
         if bad else "every sample's crc32 matches, so its metadata is damaged or it is another file (a copy of " \
                     "another shard?)"
     return (f"{path}: sha256 differs from manifest.json: {what}; run `fastdata verify "
@@ -63,16 +64,16 @@ class ShardHasher:
         self._lock = threading.Lock()
         self.problem: str | None = None   # the first mismatch found, set by the hashing thread
 
-    def submit(self, index: int, path: Path, sha256: str, open_shard) -> None:
+    def submit(self, index: int, path: Path, sha256: str, open_shard, first: int = 0) -> None:
         with self._lock:
             if index in self._jobs:
                 return
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="fastdata-integrity")
-            self._jobs[index] = self._pool.submit(self._run, path, sha256, open_shard)
+            self._jobs[index] = self._pool.submit(self._run, path, sha256, open_shard, first)
 
-    def _run(self, path: Path, sha256: str, open_shard) -> None:
-        problem = _shard_damage(path, sha256, open_shard)
+    def _run(self, path: Path, sha256: str, open_shard, first: int) -> None:
+        problem = _shard_damage(path, sha256, open_shard, first)
         if problem is not None and self.problem is None:
             self.problem = problem
 

@@ -122,7 +122,8 @@ class Cache:
             finally:
                 self.store.release(i)   # mapped now: the store may evict the file (and forget it here)
             if self._hasher is not None and not self.store.verified:   # (a fetched shard's sha256 was checked)
-                self._hasher.submit(i, path, info.sha256, lambda: open_shard(path, info, self.path))
+                self._hasher.submit(i, path, info.sha256, lambda: open_shard(path, info, self.path),
+                                    int(self.starts[i]))
         return shard
 
     def locate(self, index: int) -> tuple[int, int]:

@@ -72,3 +72,29 @@ def test_intact_cache_passes_every_mode(raw_cache):
         if mode == "shard":
             dl.backend.cache._hasher.join()
             dl.backend.cache.check_integrity()
+
+
+def test_a_damaged_sample_beyond_the_first_shard_is_named_as_verify_names_it(image_folder, tmp_path):
+    """The loader named a damaged sample by its place in its shard ("sample 17") where `fastdata verify`
+    names it by its place in the cache ("sample 49"): one sample, two numbers. Both now give the cache's."""
+    from fastdata.cache.verify import verify_cache
+    from helpers import build
+
+    cache = tmp_path / "c"
+    build(image_folder, cache, shard_size="200KB")
+    path = cache / "shard-00001.h5"
+    shard = open_shard(path)
+    first = len(open_shard(cache / "shard-00000.h5").keys)
+    raw = bytearray(path.read_bytes())
+    raw[shard.data_offset + int(shard.offsets[2]) + 100] ^= 0x01
+    key = shard.keys[2]
+    del shard
+    path.write_bytes(bytes(raw))
+    dl = fastdata.loader(cache, 8, device="cpu", shuffle=False)
+    with pytest.raises(CacheFormatError) as e:
+        it = iter(dl)
+        next(it)
+        dl.backend.cache._hasher.join()
+        list(it)
+    assert f"sample {first + 2} ({key})" in str(e.value)
+    assert f"sample {first + 2} ({key})" in verify_cache(cache).text()
