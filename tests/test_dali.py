@@ -241,3 +241,22 @@ def test_dali_and_pil_turn_exif_rotated_photos_alike(tmp_path):
            for b in ("dali", "pil")}
     diff = (got["dali"].float() - got["pil"].float()).abs().mean(dim=(1, 2, 3))
     assert diff.max() < 0.3 and diff.max() - diff.min() < 0.05, diff   # filters differ; a turn would be ~1
+
+
+def test_a_file_name_that_is_not_utf8_is_read_by_the_feed(image_folder, tmp_path):
+    """DALI's file reader takes UTF-8 paths only: a Latin-1 name (an old archive's) failed the pipeline's
+    build with "Unsupported argument type with name files". Such a folder is now read in Python threads
+    (the feed), with every sample and its label."""
+    import os
+    import shutil
+
+    src = tmp_path / "images"
+    shutil.copytree(image_folder, src)
+    first = sorted(src.rglob("*.jpg"))[0]
+    os.rename(first, os.fsencode(first.parent) + b"/caf\xe9.jpg")
+    ref = decode_loader(image_folder, 8, backend="dali", image_size=32, device="cpu", shuffle=False)
+    dl = decode_loader(src, 8, backend="dali", image_size=32, device="cpu", shuffle=False)
+    assert ref.backend.native and not dl.backend.native
+    labels = torch.cat([b.labels for b in dl])
+    assert len(labels) == sum(1 for _ in src.rglob("*.jpg"))
+    assert sorted(labels.tolist()) == sorted(torch.cat([b.labels for b in ref]).tolist())

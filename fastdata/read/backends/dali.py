@@ -101,6 +101,17 @@ def _dali_reason(e: Exception) -> str:
     return text.splitlines()[0][:300] if text else type(e).__name__
 
 
+def utf8_paths(source) -> bool:
+    """Whether DALI's file reader can take every path: it takes UTF-8 strings only, and a file named in
+    another encoding (a Latin-1 name from an old archive) failed the pipeline's build ("Unsupported
+    argument type with name files"). Where one cannot be, the files are read in Python (the feed)."""
+    try:        # one join and one encode: 0.3 s for ImageNet's 1.28M paths on the 2-core box
+        "\n".join([str(item.path) for item in source.items]).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class DaliBackend(BaseBackend):
     kind = "dali"
     streamed = True
@@ -111,7 +122,7 @@ class DaliBackend(BaseBackend):
         self.encoded, self.cfg, self.opts, self.device = source, cfg, opts, device
         self.gpu = device.type == "cuda"
         self.shard_counts, self.window, self.where = source.shard_counts, source.window, str(source.path)
-        self.native = source.kind == "files" and opts.file_reader == "native"
+        self.native = source.kind == "files" and opts.file_reader == "native" and utf8_paths(source)
         self.name = f"dali-{'mixed' if self.gpu else 'cpu'}-{source.kind}"
         self._labels = torch.as_tensor(source.labels(), dtype=torch.int64).to(device)
         self._threads = max(1, cfg.reader_threads // opts.pipelines)   # each pipeline's DALI (and feeding) threads
