@@ -281,6 +281,14 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
          lambda: fd(cache=jpeg_cache, backend="dali", threads=15, pipelines=3), None),
         ("jpeg dali loader, 2 pipelines, 16 threads, hw decoder 0.65",
          lambda: fd(cache=jpeg_cache, backend="dali", threads=16, pipelines=2, hw_decoder_load=0.65), None),
+        *decoder_variants(fd, syn, jpeg, jpeg_cache, bs, rate),
+    ]
+
+
+def decoder_variants(fd, syn, jpeg, jpeg_cache: Path, bs: int, rate: float) -> list:
+    """Rows setting the GPU decoders, lanes, priorities and CPU shares against each other; jpeg(**kw)
+    makes a loader whose GPU decodes every image unless a row gives a share."""
+    return [
         ("jpeg nvjpeg loader, torchvision decode_jpeg (hardware=False)", lambda: Tweaked(jpeg(hardware=False)), None),
         ("jpeg nvjpeg loader, engines, pinned bytes (pinned=True)",
          lambda: Tweaked(jpeg(hardware=True, pinned=True)), None),

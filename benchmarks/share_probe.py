@@ -122,6 +122,27 @@ def profiled(model, opt, loader, steps: int = 20) -> str:
     return f"## host ops (all threads)\n```\n{cpu}\n```\n## device ops\n```\n{dev}\n```\n"
 
 
+def run_rows(model, opt, variants: list, seconds: float, counted: list) -> list[dict]:
+    """One timed loop a (name, make, images_of) row; a row whose data fills `counted` (decoded images)
+    gets their rate too. A failed row is kept with its error."""
+    rows = []
+    for name, make, images_of in variants:
+        data, counted[:] = make(), []
+        t0 = time.perf_counter()
+        try:
+            r = loop(model, opt, forever(data) if hasattr(data, "close") else data, seconds, images_of=images_of)
+            if counted:
+                r["decoded img/s"] = sum(counted) / (time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001 - a failed row must not cost the others
+            r = {"img/s": float("nan"), "error": f"{type(e).__name__}: {e}"[:200]}
+        finally:
+            if hasattr(data, "close"):
+                data.close()
+        rows.append({"variant": name, **r})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     import fastdata
     from fastdata.read.augment import AugmentConfig
@@ -159,20 +180,7 @@ def main() -> None:
         (f"loader, cpu share 1.0 in {p} processes, batches discarded", lambda: fd(**share), lambda b: syn.x),
         (f"loader, cpu share 1.0 in {p} processes", lambda: fd(**share), None),
     ]
-    for name, make, images_of in variants:
-        data, counted[:] = make(), []
-        t0 = time.perf_counter()
-        try:
-            r = loop(model, opt, forever(data) if hasattr(data, "close") else data, a.seconds, images_of=images_of)
-            if counted:
-                r["decoded img/s"] = sum(counted) / (time.perf_counter() - t0)
-        except Exception as e:  # noqa: BLE001 - a failed row must not cost the others
-            r = {"img/s": float("nan"), "error": f"{type(e).__name__}: {e}"[:200]}
-        finally:
-            if hasattr(data, "close"):
-                data.close()
-        rows.append({"variant": name, **r})
-        print(rows[-1], flush=True)
+    rows += run_rows(model, opt, variants, a.seconds, counted)
     rows.append({"variant": f"{p} decode processes alone (8 threads, batches of 128)",
                  **decode_alone(jpeg, p, 8, a.seconds)})
     for r in rows:
