@@ -69,3 +69,22 @@ def test_new_for_loop_after_break_is_a_fresh_pass_and_state_resumes_exactly(raw_
     again.load_state_dict(state)
     assert again.batches_left() == len(epoch0) - 2
     assert [b.tolist() for b in epoch_indices(again)] == [b.tolist() for b in epoch0[2:]]
+
+
+@pytest.mark.parametrize("backend", ["auto", "pil"])
+def test_a_dangling_symlink_in_a_folder_read_directly_is_left_out_with_a_warning(image_folder, tmp_path, backend,
+                                                                                  caplog):
+    """A build quarantines a dangling link; the loader reading the folder directly handed it to the decoder
+    and failed that batch mid-epoch, saying "the image folder changed since the loader started" (it had
+    not). Discovery now marks it, so the loader leaves it out and names it once."""
+    import os
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(image_folder, src)
+    first_class = sorted(p for p in src.iterdir() if p.is_dir())[0]
+    os.symlink(tmp_path / "gone.jpg", first_class / "lost.jpg")
+    dl = fastdata.loader(src, 8, backend=backend, device="cpu", augment=True, shuffle=False)
+    seen = sum(len(b.labels) for b in dl)
+    assert seen == sum(1 for p in src.rglob("*.jpg") if p.exists())
+    assert f"lost.jpg: dangling symlink: its target {tmp_path / 'gone.jpg'} does not exist" in caplog.text

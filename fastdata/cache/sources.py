@@ -40,6 +40,15 @@ class Item:
     problem: str = ""                     # set at discovery: quarantined with this reason, never read
 
 
+def found(path: str, key: str, label: int) -> Item:
+    """An input as discovery finds it: a dangling symlink carries its problem from here, so a build
+    quarantines it as before and a loader reading the folder directly leaves it out with a warning
+    (encoded._readable) instead of failing the batch that holds it mid-epoch."""
+    problem = (f"dangling symlink: its target {os.readlink(path)} does not exist"
+               if os.path.islink(path) and not os.path.exists(path) else "")
+    return Item(path, key, label, problem=problem)
+
+
 @dataclass(frozen=True)
 class Source:
     items: tuple[Item, ...]
@@ -147,7 +156,7 @@ def _from_folder(src: Path, images_only: bool, exclude: frozenset[str], allow_em
     if not classes:
         scan.skipped.clear()
         files = scan.walk(str(src), "", frozenset({root}))
-        items = tuple(Item(p, k, 0) for p, k in files)
+        items = tuple(found(p, k, 0) for p, k in files)
         return Source(items, {".": 0}, "flat", tuple(scan.skipped))
     label_map = {c: i for i, c in enumerate(classes)}
     items, empty = [], []
@@ -157,7 +166,7 @@ def _from_folder(src: Path, images_only: bool, exclude: frozenset[str], allow_em
     for c in classes:
         files = scan.walk(str(src / c), c, frozenset({root, os.path.realpath(src / c)}))
         empty += [] if files else [c]
-        items += [Item(p, k, label_map[c]) for p, k in files]
+        items += [found(p, k, label_map[c]) for p, k in files]
     if empty and not allow_empty:
         raise SourceError(f"SRC {src}: class folder {src / empty[0]} holds no image files"
                           f"{f' (and {len(empty) - 1} more)' if len(empty) > 1 else ''}; add images, remove "
@@ -195,7 +204,7 @@ def _from_list(src: Path) -> Source:
                               f"pipe); fix or remove that line")
         if not p.is_file() and not p.is_symlink():
             raise SourceError(f"{src}: line {lineno} names {p}, which does not exist; fix or remove that line")
-        items.append(Item(str(p), path, label_map[name]))
+        items.append(found(str(p), path, label_map[name]))
     return Source(tuple(items), label_map, "list")
 
 
