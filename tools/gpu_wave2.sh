@@ -48,6 +48,14 @@ stage_pyspy() {    # PROBE_ARGS under py-spy (wheel carried in .pyspy): GIL hold
         --work /tmp/zoo --out "$RES" ${PROBE_ARGS:-} 2>&1 | grep -v "Warning\|warn(" | tail -15
     $PY tools/pyspy_summary.py "$RES/pyspy-${PROBE_MODEL:-resnet18}.txt" | head -60
 }
+stage_idle() {      # where each thread waits, running or not (py-spy --idle, launched as the parent: attaching by
+                    # --pid panicked on the GPU host), over a long default-loader row and a short synthetic one
+    $PY -m pip install -q --no-index --no-deps --target /tmp/pyspy .pyspy/*.whl || return 1
+    timeout ${PROBE_TIMEOUT:-240} /tmp/pyspy/bin/py-spy record --idle --threads --nonblocking --format raw -r 100 \
+        -o "$RES/pyspy-idle.txt" -- $PY benchmarks/host_probe.py --model resnet18 --jpeg --per-class 300 --work /tmp/zoo \
+        --seconds 25 --base-seconds 2 --warmup 40 --only 'default options (cpu' --out "$RES" 2>&1 | grep "^|"
+    $PY tools/pyspy_summary.py "$RES/pyspy-idle.txt" --top 25 | head -90
+}
 stage_convoy() {    # the GIL convoy on a GPU host: a wake-up's cost there, then who holds the GIL beside resnet18
     $PY benchmarks/gil_convoy.py --rounds 2 --out "$RES" 2>&1 | grep "^|"
     PROBE_ARGS="--jpeg --per-class 300 --seconds 8 --warmup 60 --only picked" stage_pyspy

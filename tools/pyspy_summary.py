@@ -42,7 +42,7 @@ def main() -> None:
     total = sum(sum(c.values()) for c in per_thread.values()) or 1
     for thread, c in sorted(per_thread.items(), key=lambda kv: -sum(kv[1].values())):
         n = sum(c.values())
-        print(f"{thread}: {n} samples, {n / total:.1%} of GIL samples")
+        print(f"{thread}: {n} samples, {n / total:.1%} of the samples (of GIL samples under --gil)")
         for what, k in c.most_common(a.top):
             print(f"    {k / n:6.1%}  {what[:200]}")
 
