@@ -184,3 +184,40 @@ def test_nvml_samples_are_kept_inside_the_scripts_window_only():
     sampler = SimpleNamespace(samples=rows, cfg=SimpleNamespace(interval_s=0.5))
     assert _window_gpu(sampler, [10.0, 11.5]) == {"duty_cycle": 98.0, "sm_util": 2.0}   # start-up excluded
     assert _window_gpu(sampler, None) == {}
+
+
+class _Stream(__import__("torch").utils.data.IterableDataset):
+    """64 samples; split=True: each DataLoader worker yields its share (get_worker_info), else all of them."""
+
+    def __init__(self, split: bool) -> None:
+        self.split = split
+
+    def __iter__(self):
+        import torch
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        ids = range(64)
+        if self.split and info is not None:
+            ids = ids[info.id::info.num_workers]
+        for i in ids:
+            yield torch.full((3, 4, 4), float(i)), i % 10
+
+
+def test_the_doctor_warns_when_each_worker_repeats_an_iterable_dataset():
+    """torch's classic pitfall: an IterableDataset read by 2 workers without get_worker_info() is read
+    twice an epoch. The doctor timed such a script and said nothing; it now compares the first two
+    batches and warns, naming the fix, and stays silent for a data set that splits its samples."""
+    from torch.utils.data import DataLoader
+
+    from fastdata.monitor.bootstrap import repeats_checked
+    from fastdata.monitor.doctor import Diagnosis
+
+    for split in (False, True):
+        dl, notes = DataLoader(_Stream(split), batch_size=8, num_workers=2), {}
+        seen = sum(len(y) for _, y in repeats_checked(iter(dl), dl, notes))
+        assert seen == (64 if split else 128)
+        assert ("repeated_batches" in notes) is not split
+    text = Diagnosis(INPUT, {"features": {"repeated_batches": "x"}}).text()
+    assert text.splitlines()[-1] == "warning: x"
+    assert "warning" not in Diagnosis(INPUT, {"features": {}}).text()

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 
+from .._util import first_array
 from .script import ScriptState, timed
 
 WARMUP = int(os.environ.get("FASTDATA_DOCTOR_WARMUP", 10))
@@ -38,13 +39,44 @@ def _wrap_iter(it, source: str, loader=None):
     return timed(it, _state.wait, _state.note_batch, loader)
 
 
+def repeats_checked(it, loader, notes: dict):
+    """Batches of `it`, the first two compared where `loader` is a torch DataLoader whose workers each
+    iterate an IterableDataset: unless its __iter__ splits the samples (get_worker_info), every worker
+    yields all of them, so batch 0 (worker 0) and batch 1 (worker 1) are the same, and an epoch sees each
+    sample num_workers times. Identical tensors are noted in `notes` (the report's features)."""
+    import torch
+    from torch.utils.data import IterableDataset
+
+    workers = getattr(loader, "num_workers", 0)
+    if workers < 2 or not isinstance(getattr(loader, "dataset", None), IterableDataset):
+        yield from it
+        return
+    first = None
+    for k, batch in enumerate(it):
+        if k < 2:
+            try:
+                x = torch.as_tensor(first_array(batch)).detach().cpu()
+                if k == 0:
+                    first = x.clone()
+                elif first.shape == x.shape and first.dtype == x.dtype and bool((first == x).all()):
+                    notes["repeated_batches"] = (f"the first two batches of a DataLoader over "
+                                                 f"{type(loader.dataset).__name__} (an IterableDataset) with "
+                                                 f"{workers} workers are identical: each worker yields every "
+                                                 f"sample unless __iter__ splits them by "
+                                                 f"torch.utils.data.get_worker_info(), so an epoch repeats each "
+                                                 f"{workers} times")
+            except Exception:  # noqa: BLE001 - a batch of any shape: a check that cannot run says nothing
+                pass
+        yield batch
+
+
 def _hook_loaders() -> None:
     from torch.utils.data import DataLoader
 
     original = DataLoader.__iter__
 
     def timed_iter(self):
-        return _wrap_iter(iter(original(self)), "torch DataLoader", self)
+        return _wrap_iter(repeats_checked(iter(original(self)), self, _state.features), "torch DataLoader", self)
 
     DataLoader.__iter__ = timed_iter
     for module, cls in (("fastdata.read.core", "Loader"),):

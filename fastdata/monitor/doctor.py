@@ -39,6 +39,9 @@ class Diagnosis:
                  for k, v in m.items() if v is not None]
         lines = [f"verdict: {self.verdict}", "measured: " + ", ".join(parts), "fixes, best first:"]
         lines += [f"  {i}. {what} (expected up to {gain:.1f}x)" for i, (what, gain) in enumerate(self.fixes, 1)]
+        repeated = (m.get("features") or {}).get("repeated_batches")
+        if repeated:    # a correctness problem the speed verdict does not show (bootstrap.repeats_checked)
+            lines.append(f"warning: {repeated}")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
