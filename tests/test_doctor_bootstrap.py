@@ -5,6 +5,8 @@ import json
 import sys
 from pathlib import Path
 
+from torch.utils.data import IterableDataset
+
 from fastdata.cli import main
 from fastdata.monitor.doctor import COMPUTE, H2D, INPUT, LAUNCH, SM_UNDERFILLED, diagnose
 
@@ -186,7 +188,7 @@ def test_nvml_samples_are_kept_inside_the_scripts_window_only():
     assert _window_gpu(sampler, None) == {}
 
 
-class _Stream(__import__("torch").utils.data.IterableDataset):
+class _Stream(IterableDataset):
     """64 samples; split=True: each DataLoader worker yields its share (get_worker_info), else all of them."""
 
     def __init__(self, split: bool) -> None:
