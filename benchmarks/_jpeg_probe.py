@@ -272,7 +272,7 @@ def variants(fd, syn, jpeg_cache: Path, bs: int, rate: float) -> list:
          lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg", cpu_share=1.0)), None),
         ("jpeg nvjpeg loader, fixed share 1.0 in 8 processes (cpu_processes=8)",
          lambda: Tweaked(fd(cache=jpeg_cache, backend="nvjpeg", cpu_share=1.0, cpu_processes=8)), None),
-        ("jpeg dali loader, default options (backend='dali' only: 4 threads, 1 pipeline)",
+        ("jpeg dali loader, its own defaults (backend='dali' only: 4 threads, 1 pipeline)",
          lambda: fd(cache=jpeg_cache, backend="dali", threads=None), None),
         ("jpeg dali loader, 1 pipeline, 16 threads", lambda: fd(cache=jpeg_cache, backend="dali", threads=16), None),
         ("jpeg dali loader, 2 pipelines, 16 threads",
