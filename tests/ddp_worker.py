@@ -26,5 +26,12 @@ if torch.distributed.is_initialized():
     torch.distributed.all_reduce(t)
     cov["seen_all_ranks"] = int(t)
 state = eng.state_dict(dl)
+eng.save(out + ".ck", dl)           # and resumed by a fresh engine on every rank (ZeRO: a full optimizer state)
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
+again = Engine(tiny_net(), EngineConfig(precision="fp32", lr=0.05, momentum=0.0, log_every=1, distributed=mode,
+                                        channels_last=False))
+again.load(out + ".ck", dl)
 if fastdata.engine.distributed.rank() == 0:
-    torch.save({"model": state["model"], "coverage": cov, "losses": [h["loss"] for h in report["history"]]}, out)
+    torch.save({"model": state["model"], "coverage": cov, "losses": [h["loss"] for h in report["history"]],
+                "resumed_step": again.global_step}, out)

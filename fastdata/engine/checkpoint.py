@@ -156,6 +156,8 @@ def check_model_fits(model: torch.nn.Module, state: dict, path) -> None:
 def load_optimizer(optimizer: torch.optim.Optimizer, state: dict, path) -> None:
     """optimizer.load_state_dict(state), or, where torch refuses it, the optimizer as it was: torch swaps
     the state in before an optimizer's __setstate__ can fail on it (AdamW over SGD's state: KeyError 'step')."""
+    if hasattr(optimizer, "consolidate_state_dict"):    # ZeRO: its sharded state has no local snapshot
+        return load_into(optimizer, state, "optimizer state", path)
     before = optimizer.state_dict()     # references, not copies: a failed load makes new tensors
     try:
         load_into(optimizer, state, "optimizer state", path)

@@ -91,3 +91,29 @@ def rank() -> int:
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def per_rank(state):
+    """Every rank's `state` (a loader's: its position and its own samples' coverage), in rank order, on
+    every rank; None with one process. A checkpoint keeps them all, so that each rank resumes its own:
+    rank 0's alone was refused by rank 1 ("saved with rank=0"). A collective: every rank calls it."""
+    if world_size() == 1:
+        return None
+    out = [None] * world_size()
+    dist.all_gather_object(out, state)
+    return out
+
+
+def own_state(saved, path):
+    """This rank's loader state from a checkpoint's (per_rank: one a rank; or one, from a single process)."""
+    if not (isinstance(saved, dict) and "per_rank" in saved):
+        return saved
+    states = saved["per_rank"]
+    if len(states) != world_size():
+        from ..errors import CheckpointError
+
+        raise CheckpointError(f"{path}: saved by {len(states)} processes but this run has {world_size()}; resume "
+                              f"with --nproc_per_node {len(states)} (the loader's order depends on it), or start "
+                              f"afresh with another --ckpt-dir")
+    return states[rank()]
+

@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from ..errors import EngineError
 from . import checkpoint as ckpt
 from .config import EngineConfig
-from .distributed import init_from_env, local_device, rank, wrap
+from .distributed import init_from_env, local_device, own_state, per_rank, rank, wrap
 from ..read.fence import StepFence, cuda_event_factory
 from .graph import compile_model, compiler_failed, try_capture, unwrap, without_compile
 from .step import TrainStep, make_scaler
@@ -322,9 +322,11 @@ class Engine:
         opt = self.optimizer
         if hasattr(opt, "consolidate_state_dict"):  # ZeRO: gather shards on rank 0
             opt.consolidate_state_dict(0)
+        mine = loader.state_dict() if hasattr(loader, "state_dict") else None
+        ranks = per_rank(mine)      # every rank's loader position: each resumes its own
         return {"model": unwrap(self.model).state_dict(), "optimizer": opt.state_dict() if rank() == 0 else None,
                 "scaler": self.scaler.state_dict(), "step": self.global_step, "epoch": self.epoch,
-                "loader": loader.state_dict() if hasattr(loader, "state_dict") else None,
+                "loader": mine if ranks is None else {"per_rank": ranks},
                 "rng": ckpt.rng_state(), "config": self.cfg.__dict__}
 
     def save(self, path, loader=None):
@@ -335,6 +337,7 @@ class Engine:
         """Restore model, optimizer, scaler, step, loader position and RNG state from path.
         trust=True unpickles a checkpoint of an earlier fastdata (only for files you trust)."""
         state = ckpt.load_checkpoint(path, map_location=self.device, trust=trust)
+        state["loader"] = own_state(state["loader"], path)
         # checked (model, loader) or undone (optimizer) before the rest loads: a refused resume leaves
         # this engine as it was
         ckpt.check_model_fits(unwrap(self.model), state["model"], path)
