@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,3 +58,31 @@ def test_a_checkpoint_of_other_process_count_is_refused_naming_it(monkeypatch):
     with pytest.raises(CheckpointError, match="ck.pt: saved by 2 processes but this run has 4; resume with "
                                               "--nproc_per_node 2"):
         distributed.own_state(saved, "ck.pt")
+
+
+def test_ranks_stop_after_the_same_step_when_one_is_asked_first(raw_cache, tmp_path):
+    """Under torchrun a stop reaches the ranks between different checks: rank 0 returned after step k while
+    rank 1 went on into step k+1 and waited in DDP's all-reduce for good. The ranks now vote each step
+    (StopVote) and stop after the same one; the checkpoint's gather then finds every rank. The run's
+    timeout only bounds the hang this test would otherwise show."""
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": f"{here}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "OMP_NUM_THREADS": "1"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "stop"
+    run = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                            str(port), str(here / "stop_worker.py"), str(raw_cache), str(out)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = run.communicate(timeout=300)
+    except subprocess.TimeoutExpired:       # the ranks hung: none of them may outlive the test
+        os.killpg(run.pid, signal.SIGKILL)
+        run.communicate()
+        pytest.fail("the ranks did not finish in 300 s: one stopped while another waited in a collective")
+    assert run.returncode == 0, err[-6000:]
+    got = [(tmp_path / f"stop.{k}").read_text().split(" ", 1) for k in (0, 1)]
+    assert got[0][0] == got[1][0] == "7"          # asked in rank 0's 6th step, agreed after the next
+    assert got[0][1] == "SIGINT" and got[1][1] == "a stop on another rank"
+

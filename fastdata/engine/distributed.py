@@ -117,3 +117,32 @@ def own_state(saved, path):
                               f"afresh with another --ckpt-dir")
     return states[rank()]
 
+
+class StopVote:
+    """The ranks agree on the step to stop at. A stop (a signal, request_stop(), a time limit) reaches each
+    rank between different checks: one that returned after step k while another went on into step k+1
+    left that one waiting in DDP's all-reduce (and, since checkpoints gather every rank's loader state,
+    the saving one in its gather). Each step's local wish is summed over the ranks by an all-reduce on a
+    gloo group, started without waiting and read one step later, when it is long done: no GPU sync, and
+    every rank stops after the same step, one step after the first asked."""
+
+    def __init__(self) -> None:
+        self.group = dist.new_group(backend="gloo")   # (CPU tensors beside NCCL's; a collective: every rank)
+        self.pending = None
+
+    def vote(self, stop: bool) -> bool:
+        """Every rank calls this after each optimizer step; True once the ranks have agreed to stop."""
+        agreed = self.drain()
+        wish = torch.tensor([int(stop)])
+        self.pending = (dist.all_reduce(wish, group=self.group, async_op=True), wish)
+        return agreed
+
+    def drain(self) -> bool:
+        """Wait for the vote in flight (every rank started it): whether any rank asked to stop in it."""
+        if self.pending is None:
+            return False
+        work, wish = self.pending
+        self.pending = None
+        work.wait()
+        return bool(wish.item())
+

@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from ..errors import EngineError
 from . import checkpoint as ckpt
 from .config import EngineConfig
-from .distributed import init_from_env, local_device, own_state, per_rank, rank, wrap
+from .distributed import StopVote, init_from_env, local_device, own_state, per_rank, rank, wrap
 from ..read.fence import StepFence, cuda_event_factory
 from .graph import compile_model, compiler_failed, try_capture, unwrap, without_compile
 from .step import TrainStep, make_scaler
@@ -127,6 +127,7 @@ class Engine:
         self.global_step, self.epoch = 0, 0
         self._sampler = None
         self.stopped: str | None = None   # set by request_stop()
+        self._vote = StopVote() if self.distributed else None   # ranks stop after the same step
 
     # ---- batches -------------------------------------------------------------------------------
     def _prepare(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,6 +229,8 @@ class Engine:
         try:
             return self._fit(loader, meter, steps, epochs, warmup_steps, time_limit)
         finally:
+            if self._vote is not None:
+                self._vote.drain()      # the vote every rank started after its last step
             if self._sampler is not None:
                 self._sampler.stop()
             if lead is not None:
@@ -266,12 +269,20 @@ class Engine:
                 meter.steps += 1
                 fence.record()
                 self._after_step(meter, warmup_steps, loader)
-                if (steps is not None and self.global_step >= steps) or self.stopped:
-                    return self._report(meter)
-                if time_limit is not None and meter.started and time.perf_counter() - meter.t0 >= time_limit:
+                timed_out = time_limit is not None and meter.started and time.perf_counter() - meter.t0 >= time_limit
+                if (steps is not None and self.global_step >= steps) or self._agreed(bool(self.stopped) or timed_out):
                     return self._report(meter)
             self.epoch += 1
         return self._report(meter)
+
+    def _agreed(self, stop: bool) -> bool:
+        """Whether to stop after this step: this process's wish, or, under torchrun, the ranks' vote."""
+        if self._vote is None:
+            return stop
+        agreed = self._vote.vote(stop)
+        if agreed and not stop and self.stopped is None:
+            self.stopped = "a stop on another rank"
+        return agreed
 
     def _after_step(self, meter: Meter, warmup_steps: int, loader) -> None:
         if not meter.started and meter.steps >= warmup_steps:
