@@ -130,6 +130,7 @@ def _epochs(a) -> int:
 
 
 def run_train(a) -> int:
+    from ..engine.distributed import rank
     from .assemble import RunConfig, assemble
 
     cfg = _config(a)
@@ -157,7 +158,8 @@ def run_train(a) -> int:
     if engine.stopped:
         where = f"saved {saved} at step {engine.global_step}; rerun the same command to resume" if saved else \
             "nothing saved (no --ckpt-dir)"
-        print(f"fastdata train: stopped by {engine.stopped}: {where}", file=sys.stderr)
+        if rank() == 0:     # (the other ranks said "nothing saved": rank 0 writes the checkpoint)
+            print(f"fastdata train: stopped by {engine.stopped}: {where}", file=sys.stderr)
         return 130 if engine.stopped == "SIGINT" else 143
     if engine.global_step == start:
         print(f"nothing to train: the run is at step {start}, epoch {engine.epoch} (limits --steps {a.steps}, "
