@@ -175,6 +175,11 @@ def encode(data: bytes, cfg: CodecConfig) -> tuple[bytes, tuple[int, int, int]]:
     return buf.getvalue(), shape
 
 
+def dangling(path: str) -> str:
+    """The quarantine reason of a symlink whose target is gone (discovery marks it: sources.py)."""
+    return f"dangling symlink: its target {os.readlink(path)} does not exist"
+
+
 def read_file(path: str, span: tuple[int, int] | None = None) -> bytes | str:
     """An input file's bytes, or the reason it is quarantined. span: (offset, size) of the input
     inside path (a tar member), read with one pread."""
@@ -185,7 +190,7 @@ def read_file(path: str, span: tuple[int, int] | None = None) -> bytes | str:
             return f.read() if span is None else os.pread(f.fileno(), span[1], span[0])
     except OSError as e:
         if os.path.islink(path) and not os.path.exists(path):
-            return f"dangling symlink: its target {os.readlink(path)} does not exist"
+            return dangling(path)
         return f"cannot read: {e.strerror or e}"
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .._util import refuse_url, user_path
+from .codecs import dangling
 from ..errors import SourceError
 from .format import MANIFEST, is_manifest
 from .journal import BUILD_DIR, JOURNAL
@@ -38,15 +39,6 @@ class Item:
     label: int
     span: tuple[int, int] | None = None   # (offset, size) of the bytes inside path (tar members)
     problem: str = ""                     # set at discovery: quarantined with this reason, never read
-
-
-def found(path: str, key: str, label: int) -> Item:
-    """An input as discovery finds it: a dangling symlink carries its problem from here, so a build
-    quarantines it as before and a loader reading the folder directly leaves it out with a warning
-    (encoded._readable) instead of failing the batch that holds it mid-epoch."""
-    problem = (f"dangling symlink: its target {os.readlink(path)} does not exist"
-               if os.path.islink(path) and not os.path.exists(path) else "")
-    return Item(path, key, label, problem=problem)
 
 
 @dataclass(frozen=True)
@@ -113,8 +105,12 @@ class _Scan:
     def wanted(self, name: str) -> bool:
         return not self.images_only or os.path.splitext(name)[1].lower() in IMAGE_EXTS
 
-    def walk(self, folder: str, rel: str, ancestors: frozenset[str]) -> list[tuple[str, str]]:
-        """(path, key) of every input under folder, sorted as Path objects sort (by parts)."""
+    def walk(self, folder: str, rel: str, ancestors: frozenset[str]) -> list[tuple[str, str, str]]:
+        """(path, key, problem) of every input under folder, sorted as Path objects sort (by parts). A
+        dangling symlink is kept with its problem set here, where the scan has found it anyway: a build
+        quarantines it, and a loader reading the folder directly leaves it out with a warning
+        (encoded._readable) instead of failing the batch that holds it mid-epoch. A link to a device or
+        pipe is not kept (/dev/zero never ends)."""
         out = []
         for e in sorted(os.scandir(folder), key=lambda e: e.name):
             key = f"{rel}/{e.name}" if rel else e.name
@@ -123,14 +119,12 @@ class _Scan:
             elif e.is_dir(follow_symlinks=True):
                 if self._enter(e.path, key, ancestors):
                     out += self.walk(e.path, key, ancestors | {os.path.realpath(e.path)})
-            elif e.is_file(follow_symlinks=True) or (e.is_symlink() and not os.path.exists(e.path)):
-                # (a dangling link is kept: see above; one to a device or pipe is not: /dev/zero never ends)
-                if self.wanted(e.name):
-                    out.append((e.path, key))
-                else:
-                    self.skip(key, "not an image file" if self.images_only else "not a file")
-            else:
+            elif not (e.is_file(follow_symlinks=True) or (e.is_symlink() and not os.path.exists(e.path))):
                 self.skip(key, "not a regular file")
+            elif not self.wanted(e.name):
+                self.skip(key, "not an image file" if self.images_only else "not a file")
+            else:
+                out.append((e.path, key, "" if e.is_file(follow_symlinks=True) else dangling(e.path)))
         return out
 
     def _enter(self, path: str, key: str, ancestors: frozenset[str]) -> bool:
@@ -156,7 +150,7 @@ def _from_folder(src: Path, images_only: bool, exclude: frozenset[str], allow_em
     if not classes:
         scan.skipped.clear()
         files = scan.walk(str(src), "", frozenset({root}))
-        items = tuple(found(p, k, 0) for p, k in files)
+        items = tuple(Item(p, k, 0, problem=why) for p, k, why in files)
         return Source(items, {".": 0}, "flat", tuple(scan.skipped))
     label_map = {c: i for i, c in enumerate(classes)}
     items, empty = [], []
@@ -166,7 +160,7 @@ def _from_folder(src: Path, images_only: bool, exclude: frozenset[str], allow_em
     for c in classes:
         files = scan.walk(str(src / c), c, frozenset({root, os.path.realpath(src / c)}))
         empty += [] if files else [c]
-        items += [found(p, k, label_map[c]) for p, k in files]
+        items += [Item(p, k, label_map[c], problem=why) for p, k, why in files]
     if empty and not allow_empty:
         raise SourceError(f"SRC {src}: class folder {src / empty[0]} holds no image files"
                           f"{f' (and {len(empty) - 1} more)' if len(empty) > 1 else ''}; add images, remove "
@@ -199,12 +193,13 @@ def _from_list(src: Path) -> Source:
     items = []
     for lineno, path, name in rows:
         p = resolve(path, src)
-        if p.exists() and not p.is_file():
+        is_file = p.is_file()
+        if not is_file and p.exists():
             raise SourceError(f"{src}: line {lineno} names {p}, which is not a regular file (a folder, device or "
                               f"pipe); fix or remove that line")
-        if not p.is_file() and not p.is_symlink():
+        if not is_file and not p.is_symlink():
             raise SourceError(f"{src}: line {lineno} names {p}, which does not exist; fix or remove that line")
-        items.append(found(str(p), path, label_map[name]))
+        items.append(Item(str(p), path, label_map[name], problem="" if is_file else dangling(str(p))))
     return Source(tuple(items), label_map, "list")
 
 
