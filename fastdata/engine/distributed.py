@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import CheckpointError
 from .config import EngineConfig
 from .step import make_optimizer
 
@@ -110,8 +111,6 @@ def own_state(saved, path):
         return saved
     states = saved["per_rank"]
     if len(states) != world_size():
-        from ..errors import CheckpointError
-
         raise CheckpointError(f"{path}: saved by {len(states)} processes but this run has {world_size()}; resume "
                               f"with --nproc_per_node {len(states)} (the loader's order depends on it), or start "
                               f"afresh with another --ckpt-dir")

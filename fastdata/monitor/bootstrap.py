@@ -44,7 +44,6 @@ def repeats_checked(it, loader, notes: dict):
     iterate an IterableDataset: unless its __iter__ splits the samples (get_worker_info), every worker
     yields all of them, so batch 0 (worker 0) and batch 1 (worker 1) are the same, and an epoch sees each
     sample num_workers times. Identical tensors are noted in `notes` (the report's features)."""
-    import torch
     from torch.utils.data import IterableDataset
 
     workers = getattr(loader, "num_workers", 0)
@@ -53,21 +52,29 @@ def repeats_checked(it, loader, notes: dict):
         return
     first = None
     for k, batch in enumerate(it):
-        if k < 2:
-            try:
-                x = torch.as_tensor(first_array(batch)).detach().cpu()
-                if k == 0:
-                    first = x.clone()
-                elif first.shape == x.shape and first.dtype == x.dtype and bool((first == x).all()):
-                    notes["repeated_batches"] = (f"the first two batches of a DataLoader over "
-                                                 f"{type(loader.dataset).__name__} (an IterableDataset) with "
-                                                 f"{workers} workers are identical: each worker yields every "
-                                                 f"sample unless __iter__ splits them by "
-                                                 f"torch.utils.data.get_worker_info(), so an epoch repeats each "
-                                                 f"{workers} times")
-            except Exception:  # noqa: BLE001 - a batch of any shape: a check that cannot run says nothing
-                pass
+        if k == 0:
+            first = _snapshot(batch)
+        elif k == 1 and _same(first, _snapshot(batch)):
+            notes["repeated_batches"] = (f"the first two batches of a DataLoader over {type(loader.dataset).__name__} "
+                                         f"(an IterableDataset) with {workers} workers are identical: each worker "
+                                         f"yields every sample unless __iter__ splits them by "
+                                         f"torch.utils.data.get_worker_info(), so an epoch repeats each {workers} "
+                                         f"times")
         yield batch
+
+
+def _snapshot(batch):
+    """A CPU copy of the batch's first array, or None where it has none that torch takes."""
+    import torch
+
+    try:
+        return torch.as_tensor(first_array(batch)).detach().cpu().clone()
+    except Exception:  # noqa: BLE001 - a batch of any shape: a check that cannot run says nothing
+        return None
+
+
+def _same(a, b) -> bool:
+    return a is not None and b is not None and a.shape == b.shape and a.dtype == b.dtype and bool((a == b).all())
 
 
 def _hook_loaders() -> None:
